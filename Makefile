@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both build .venv themselves.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test lint typecheck pytest venv clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel on this disk, never an unpinned CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/trainjobs dev --example
+
+lint: $(STAMP)
+	$(BIN)/ruff check trainer_core api worker trainjobs tests bench migrations
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

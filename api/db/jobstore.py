@@ -1,0 +1,77 @@
+"""The two writes every component shares: status transitions and appending job events.
+
+Status moves only forward (``can_transition``); a terminal status is never overwritten. Both the API
+(cancelling a queued job) and the worker (everything else) go through :func:`transition`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from api.db.base import utcnow
+from api.db.models import Job, JobEvent, JobStatus, can_transition
+from api.db.session import allocate_seqs
+
+
+def add_events(session: Session, job_id: str, events: Sequence[tuple[str, dict[str, Any], datetime | None]]) -> int:
+    """Append ``(kind, data, time)`` events with consecutive seqs; returns the last seq (0 if none)."""
+    if not events:
+        return 0
+    first = allocate_seqs(session, job_id, len(events))
+    session.add_all(
+        JobEvent(job_id=job_id, seq=first + i, kind=kind, data=data, time=time or utcnow())
+        for i, (kind, data, time) in enumerate(events)
+    )
+    return first + len(events) - 1
+
+
+def transition(
+    session: Session,
+    job_id: str,
+    new: JobStatus,
+    *,
+    reason: str | None = None,
+    message: str | None = None,
+    expect: JobStatus | None = None,
+    **fields: Any,
+) -> bool:
+    """Move a job to ``new`` if allowed (and if it is still ``expect``, when given).
+
+    A compare-and-set UPDATE, so two processes racing to move the same job cannot both win: the
+    loser sees ``False`` and must leave the job alone. Writes a ``status`` event on success.
+    """
+    current = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
+    if current is None:
+        return False
+    current_status = JobStatus(current)
+    if expect is not None and current_status != expect:
+        return False
+    if not can_transition(current_status, new):
+        return False
+    now = utcnow()
+    values: dict[str, Any] = {"status": new.value, "updated_at": now, **fields}
+    if new == JobStatus.running:
+        values.setdefault("started_at", now)
+    if new.terminal:
+        values["finished_at"] = now
+        if reason is not None:
+            values["error_reason"] = reason
+        if message is not None:
+            values["error_message"] = message
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.status == current_status.value).values(**values)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    data: dict[str, Any] = {"status": new.value, "previous": current_status.value}
+    if reason is not None:
+        data["reason"] = reason
+    if message is not None:
+        data["message"] = message
+    add_events(session, job_id, [("status", data, now)])
+    return True

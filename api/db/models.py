@@ -1,0 +1,158 @@
+"""Tables: API keys, datasets, jobs, job events and metric points (SQLAlchemy 2.0 typed models).
+
+The database is the source of truth for job state; the broker only carries job ids.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from api.db.base import Base, new_id, utcnow
+
+
+class JobStatus(enum.StrEnum):
+    """The one job status enum. Status moves only forward; terminal statuses are final."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+# Allowed moves; running -> queued is the one step back, for a job requeued after its worker died.
+ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.queued: frozenset({JobStatus.running, JobStatus.cancelled, JobStatus.failed}),
+    JobStatus.running: frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.queued}),
+    JobStatus.succeeded: frozenset(),
+    JobStatus.failed: frozenset(),
+    JobStatus.cancelled: frozenset(),
+}
+
+
+def can_transition(current: JobStatus, new: JobStatus) -> bool:
+    return new in ALLOWED_TRANSITIONS[current]
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(128), index=True)
+    # HMAC-SHA256 of the key under the service secret; the key itself is never stored.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(128), index=True)
+    name: Mapped[str] = mapped_column(String(256))
+    # csv | json | parquet | imagefolder | audiofolder: the `datasets` builder jobs will use
+    format: Mapped[str] = mapped_column(String(32))
+    content_hash: Mapped[str] = mapped_column(String(64), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    # where the stored file or unpacked folder lives, relative to the data root
+    storage_path: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        # keyset pagination: newest first, per owner and status
+        Index("ix_jobs_owner_created", "owner", "created_at", "id"),
+        Index("ix_jobs_status_created", "status", "created_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued.value)
+    queue: Mapped[str] = mapped_column(String(64), default="default")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    dataset_id: Mapped[str | None] = mapped_column(ForeignKey("datasets.id"), default=None)
+
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    progress_step: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int | None] = mapped_column(Integer, default=None)
+    epoch: Mapped[float | None] = mapped_column(Float, default=None)
+    latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    final_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    measured_memory: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+
+    error_reason: Mapped[str | None] = mapped_column(String(64), default=None)
+    error_message: Mapped[str | None] = mapped_column(Text, default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker: Mapped[str | None] = mapped_column(String(256), default=None)
+    pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Last event sequence number handed out for this job (events and metric points share it).
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class JobEvent(Base):
+    """Everything a job reported, in order: status changes, progress, metrics, eval, memory, logs.
+
+    ``seq`` is the SSE event id: replaying after ``Last-Event-ID`` is ``seq > last``.
+    """
+
+    __tablename__ = "job_events"
+    __table_args__ = (UniqueConstraint("job_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    data: Mapped[dict[str, Any]] = mapped_column()
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class MetricPoint(Base):
+    """One value of one named metric at one step; indexed for "points of job J after seq S"."""
+
+    __tablename__ = "metric_points"
+    __table_args__ = (
+        UniqueConstraint("job_id", "seq", "name"),
+        Index("ix_metric_points_job_seq", "job_id", "seq"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[float | None] = mapped_column(Float, default=None)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float | None] = mapped_column(Float, default=None)
+    time: Mapped[datetime] = mapped_column(default=utcnow)

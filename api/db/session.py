@@ -1,0 +1,75 @@
+"""The engine and sessions: one engine per process, built from the settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.settings import get_settings
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with the settings each backend needs for several writer processes."""
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    engine = create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            # WAL lets the API read while the worker writes; busy_timeout waits instead of failing.
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+    return engine
+
+
+@lru_cache(maxsize=4)
+def get_engine(url: str | None = None) -> Engine:
+    return make_engine(url or get_settings().database_url)
+
+
+@lru_cache(maxsize=4)
+def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(url: str | None = None) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error (for the worker and scripts)."""
+    session = get_sessionmaker(url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def allocate_seqs(session: Session, job_id: str, count: int) -> int:
+    """Reserve ``count`` event numbers for a job atomically; returns the first one.
+
+    A single UPDATE ... RETURNING is atomic on PostgreSQL and SQLite alike, so the API and a worker
+    writing events for the same job never hand out the same number.
+    """
+    from api.db.models import Job
+
+    last = session.execute(
+        update(Job).where(Job.id == job_id).values(last_seq=Job.last_seq + count).returning(Job.last_seq)
+    ).scalar_one()
+    return int(last) - count + 1
+
+
+def ping(session: Session) -> None:
+    session.execute(text("SELECT 1"))

@@ -1,0 +1,81 @@
+"""The service's one settings object (pydantic-settings), shared by the API, the worker and the launcher.
+
+Every variable is documented in the README. Defaults are the embedded ones: a SQLite database, the
+embedded (SQLAlchemy/SQLite) Celery broker and local artifacts, all under ``TRAINJOBS_HOME`` (./var).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_SECRET = "dev-insecure-secret-change-me"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+
+    env: Literal["dev", "production"] = Field(default="dev", validation_alias="TRAINJOBS_ENV")
+    home: Path = Field(default=Path("var"), validation_alias="TRAINJOBS_HOME")
+    database_url_: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    broker_url_: str | None = Field(default=None, validation_alias="BROKER_URL")
+    artifacts_root_: str | None = Field(default=None, validation_alias="ARTIFACTS_ROOT")
+    data_root_: Path | None = Field(default=None, validation_alias="DATA_ROOT")
+    secret_key: str = Field(default=DEV_SECRET, validation_alias="TRAINJOBS_SECRET_KEY")
+    api_key: str | None = Field(default=None, validation_alias="TRAINJOBS_API_KEY")
+    max_upload_mb: int = Field(default=1024, ge=1, validation_alias="TRAINJOBS_MAX_UPLOAD_MB")
+    # The broker must not redeliver a job while it still runs: visibility > the longest allowed job.
+    max_job_hours: float = Field(default=72.0, gt=0, validation_alias="TRAINJOBS_MAX_JOB_HOURS")
+    cancel_grace_seconds: float = Field(default=30.0, ge=0, validation_alias="TRAINJOBS_CANCEL_GRACE_SECONDS")
+    default_queue: str = Field(default="default", validation_alias="TRAINJOBS_DEFAULT_QUEUE")
+    # queue name -> per-device GPU memory budget in GB, e.g. {"gpu-24g": 24, "gpu-80g": 80}
+    queue_budgets: dict[str, float] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_BUDGETS")
+    memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias="TRAINJOBS_MEMORY_OVERHEAD_MB")
+
+    @field_validator("queue_budgets", mode="before")
+    @classmethod
+    def _parse_budgets(cls, value: object) -> object:
+        return json.loads(value) if isinstance(value, str) else value
+
+    @property
+    def database_url(self) -> str:
+        return self.database_url_ or f"sqlite:///{(self.home / 'trainjobs.db').resolve()}"
+
+    @property
+    def broker_url(self) -> str:
+        # kombu's SQLAlchemy transport on a SQLite file: an embedded broker with no server to run.
+        return self.broker_url_ or f"sqla+sqlite:///{(self.home / 'broker.db').resolve()}"
+
+    @property
+    def artifacts_root(self) -> str:
+        return self.artifacts_root_ or str((self.home / "artifacts").resolve())
+
+    @property
+    def data_root(self) -> Path:
+        return (self.data_root_ or self.home / "data").resolve()
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        return int(self.max_job_hours * 3600) + 3600
+
+    def check_production_ready(self) -> None:
+        """Refuse to serve outside dev mode with a placeholder secret or no admin key."""
+        if self.env == "dev":
+            return
+        problems = []
+        if self.secret_key == DEV_SECRET or len(self.secret_key) < 16:
+            problems.append("TRAINJOBS_SECRET_KEY is the default or shorter than 16 characters")
+        if not self.api_key:
+            problems.append("TRAINJOBS_API_KEY is unset")
+        if problems:
+            raise RuntimeError("refusing to start in production: " + "; ".join(problems))
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

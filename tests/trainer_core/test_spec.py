@@ -1,0 +1,180 @@
+"""The job spec: the issue's example validates; every rule's error names the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer_core.spec import JobSpec, SpecError, load_spec_file, parse_spec
+
+EXAMPLE: dict[str, Any] = {
+    "name": "reviews-minilm",
+    "task": "text-classification",
+    "model": {"name_or_path": "/path/to/local/model/dir"},
+    "dataset": {
+        "path": "csv",
+        "data_files": {"train": "/data/train.csv", "validation": "/data/validation.csv"},
+        "text_column": "text",
+        "label_column": "label",
+    },
+    "preprocessing": {"max_length": 64},
+    "training": {
+        "backend": "accelerate",
+        "num_train_epochs": 2,
+        "per_device_train_batch_size": 16,
+        "per_device_eval_batch_size": 32,
+        "learning_rate": 5e-5,
+        "weight_decay": 0.01,
+        "lr_scheduler_type": "linear",
+        "warmup_ratio": 0.0,
+        "seed": 42,
+        "logging_steps": 5,
+        "eval_strategy": "epoch",
+        "save_steps": 50,
+        "save_total_limit": 2,
+    },
+    "optimizer": {"name": "adamw_8bit"},
+    "efficiency": {
+        "gradient_accumulation_steps": 2,
+        "gradient_checkpointing": True,
+        "mixed_precision": "bf16",
+        "local_sgd_steps": None,
+    },
+    "resources": {"num_processes": 1},
+    "metrics": ["accuracy", "f1"],
+}
+
+
+def with_change(path: str, value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(EXAMPLE)
+    *parents, leaf = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is _DELETE:
+        node.pop(leaf, None)
+    else:
+        node[leaf] = value
+    return doc
+
+
+_DELETE = object()
+
+
+def error_fields(doc: dict[str, Any]) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(doc)
+    return [e.field for e in info.value.errors]
+
+
+def test_issue_example_validates_with_its_values() -> None:
+    spec = parse_spec(EXAMPLE)
+    assert spec.training.backend == "accelerate"
+    assert spec.optimizer.name == "adamw_8bit"
+    assert spec.efficiency.gradient_accumulation_steps == 2
+    assert spec.metrics == ["accuracy", "f1"]
+    # round trip: what the API stores is what the worker reads back
+    assert JobSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("task", "token-classification", "task"),
+        ("optimizer.name", "sgd", "optimizer.name"),
+        ("efficiency.mixed_precision", "fp8", "efficiency.mixed_precision"),
+        ("training.backend", "deepspeed", "training.backend"),
+        ("training.per_device_train_batch_size", 0, "training.per_device_train_batch_size"),
+        ("training.learning_rate", -1.0, "training.learning_rate"),
+        ("efficiency.gradient_accumulation_steps", 0, "efficiency.gradient_accumulation_steps"),
+        ("resources.num_processes", 0, "resources.num_processes"),
+        ("resources.gpu_memory_gb", -3, "resources.gpu_memory_gb"),
+        ("dataset.eval_fraction", 1.5, "dataset.eval_fraction"),
+        ("metrics", ["accuracy", "bleu"], "metrics.1"),
+        ("metrics", [], "metrics"),
+        ("name", "bad name with spaces", "name"),
+        ("preprocessing.max_length", 1, "preprocessing.max_length"),
+    ],
+)
+def test_bad_value_names_its_field(path: str, value: Any, field: str) -> None:
+    assert field in error_fields(with_change(path, value))
+
+
+@pytest.mark.parametrize(
+    ("doc_path", "value", "field"),
+    [
+        ("training.colour", "blue", "training.colour"),
+        ("optimizer.lr", 0.1, "optimizer.lr"),
+        ("surprise", 1, "surprise"),
+    ],
+)
+def test_unknown_fields_are_rejected_not_ignored(doc_path: str, value: Any, field: str) -> None:
+    assert field in error_fields(with_change(doc_path, value))
+
+
+def test_local_sgd_needs_the_accelerate_backend() -> None:
+    doc = with_change("efficiency.local_sgd_steps", 4)
+    doc["training"]["backend"] = "trainer"
+    with pytest.raises(SpecError) as info:
+        parse_spec(doc)
+    (err,) = info.value.errors
+    assert err.field == "efficiency.local_sgd_steps"
+    assert "accelerate" in err.message
+    assert parse_spec(with_change("efficiency.local_sgd_steps", 4)).efficiency.local_sgd_steps == 4
+
+
+def test_model_needs_exactly_one_source() -> None:
+    assert error_fields(with_change("model", {})) == ["model.name_or_path"]
+    both = {"name_or_path": "x", "config": {"model_type": "bert"}}
+    assert error_fields(with_change("model", both)) == ["model.name_or_path"]
+    assert error_fields(with_change("model", {"config": {"hidden_size": 8}})) == ["model.config.model_type"]
+
+
+def test_dataset_needs_exactly_one_source_and_one_eval_rule() -> None:
+    assert error_fields(with_change("dataset.path", _DELETE)) == ["dataset.path"]
+    doc = with_change("dataset.eval_split", "test")
+    doc["dataset"]["eval_fraction"] = 0.1
+    assert error_fields(doc) == ["dataset.eval_fraction"]
+
+
+def test_optimizer_fields_must_belong_to_the_chosen_optimizer() -> None:
+    doc = with_change("optimizer", {"name": "adafactor", "adam_beta1": 0.8})
+    assert error_fields(doc) == ["optimizer.adam_beta1"]
+    doc = with_change("optimizer", {"name": "adamw", "adafactor_beta1": 0.9})
+    assert error_fields(doc) == ["optimizer.adafactor_beta1"]
+    doc = with_change("optimizer", {"name": "adamw_8bit", "amsgrad": True})
+    assert error_fields(doc) == ["optimizer.amsgrad"]
+    assert parse_spec(with_change("optimizer", {"name": "adamw", "amsgrad": True})).optimizer.amsgrad
+
+
+def test_eval_steps_only_with_the_steps_strategy() -> None:
+    assert error_fields(with_change("training.eval_steps", 10)) == ["training.eval_steps"]
+    doc = with_change("training.eval_steps", 10)
+    doc["training"]["eval_strategy"] = "steps"
+    assert parse_spec(doc).training.eval_steps == 10
+
+
+def test_processor_and_tokenizer_match_the_modality() -> None:
+    assert error_fields(with_change("model.processor", "some/processor")) == ["model.processor"]
+    doc = with_change("task", "image-classification")
+    doc["model"]["tokenizer"] = "bert-base-uncased"
+    assert error_fields(doc) == ["model.tokenizer"]
+
+
+def test_spec_files_load_from_yaml_and_json(tmp_path: Path) -> None:
+    import yaml
+
+    (tmp_path / "spec.json").write_text(json.dumps(EXAMPLE))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(EXAMPLE))
+    assert load_spec_file(tmp_path / "spec.json") == load_spec_file(tmp_path / "spec.yaml")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(SpecError) as info:
+        load_spec_file(tmp_path / "broken.json")
+    assert info.value.errors[0].field == "spec"
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(SpecError):
+        load_spec_file(tmp_path / "list.yaml")

@@ -1,0 +1,69 @@
+"""Which model class a task trains, and the config it starts from.
+
+Training and the memory estimator both call :func:`build_model`, so the estimator counts the same
+architecture, head included, that a run trains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForAudioClassification,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    PretrainedConfig,
+)
+
+from trainer_core.spec import ModelSpec, Task
+
+MODEL_CLASSES: dict[str, Any] = {
+    "text-classification": AutoModelForSequenceClassification,
+    "image-classification": AutoModelForImageClassification,
+    "audio-classification": AutoModelForAudioClassification,
+}
+
+
+def config_from_dict(config: dict[str, Any]) -> PretrainedConfig:
+    """A transformers config from a plain dict that names its ``model_type``."""
+    values = dict(config)
+    model_type = values.pop("model_type")
+    return AutoConfig.for_model(model_type, **values)
+
+
+def label_config(labels: list[str]) -> dict[str, Any]:
+    """``num_labels``, ``id2label`` and ``label2id``, stored in the model config."""
+    return {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
+
+
+def resolve_config(model: ModelSpec, labels: list[str]) -> PretrainedConfig:
+    """The config a run starts from, with the label mapping set."""
+    if model.config is not None:
+        config = config_from_dict(model.config)
+    else:
+        assert model.name_or_path is not None  # guaranteed by ModelSpec's validator
+        config = AutoConfig.from_pretrained(model.name_or_path, revision=model.revision)
+    for key, value in label_config(labels).items():
+        setattr(config, key, value)
+    return config
+
+
+def build_model(task: Task, model: ModelSpec, labels: list[str]) -> nn.Module:
+    """Instantiate the model for ``task``: pretrained weights when named, random init from a config.
+
+    A pretrained checkpoint's own head is replaced when the label count differs
+    (``ignore_mismatched_sizes``), as fine-tuning a classifier on new labels needs.
+    """
+    cls = MODEL_CLASSES[task]
+    config = resolve_config(model, labels)
+    if model.config is not None:
+        return cls.from_config(config)
+    return cls.from_pretrained(
+        model.name_or_path, config=config, revision=model.revision, ignore_mismatched_sizes=True
+    )

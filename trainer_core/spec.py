@@ -1,0 +1,274 @@
+"""The job spec: the one schema the API, the worker, the CLI and the training core share.
+
+Field names follow 🤗 ``TrainingArguments`` wherever one exists, so users carry their habits over.
+Unknown fields are rejected (``extra="forbid"``), never silently ignored.
+
+Cross-field rules raise ``PydanticCustomError`` with a ``field`` entry in the error context; pydantic
+puts such errors at the location of the model that checked them, so :func:`spec_errors` reads
+``ctx["field"]`` to name the real field (``efficiency.local_sgd_steps``, not ``body``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+Task = Literal["text-classification", "image-classification", "audio-classification"]
+Backend = Literal["trainer", "accelerate"]
+OptimizerName = Literal["adamw", "adafactor", "adamw_8bit"]
+MixedPrecision = Literal["no", "fp16", "bf16"]
+MetricName = Literal["accuracy", "f1", "precision", "recall"]
+SchedulerName = Literal[
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
+]
+EvalStrategy = Literal["no", "steps", "epoch"]
+
+TASKS: tuple[str, ...] = ("text-classification", "image-classification", "audio-classification")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "adamw_8bit")
+BUILTIN_DATASET_BUILDERS = ("csv", "json", "parquet", "imagefolder", "audiofolder")
+
+
+def combination_error(field: str, message: str) -> PydanticCustomError:
+    """An error for a rule that spans fields; ``field`` is the dotted path users should fix."""
+    return PydanticCustomError("invalid_combination", "{field}: " + message, {"field": field})
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ModelSpec(StrictModel):
+    """Which model to train: a hub id or local directory, or a config for a randomly initialised model."""
+
+    name_or_path: str | None = Field(
+        default=None, min_length=1, description="Hub id or local directory of a pretrained model."
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="A transformers config as a dict (must name `model_type`); the model starts random.",
+    )
+    tokenizer: str | None = Field(default=None, min_length=1, description="Tokenizer name or path.")
+    processor: str | None = Field(
+        default=None, min_length=1, description="Image processor / feature extractor name or path."
+    )
+    revision: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.name_or_path is None) == (self.config is None):
+            raise combination_error("model.name_or_path", "give exactly one of `name_or_path` or `config`")
+        if self.config is not None and not isinstance(self.config.get("model_type"), str):
+            raise combination_error("model.config.model_type", "a config must name its `model_type`")
+        return self
+
+
+class DatasetSpec(StrictModel):
+    """Where the data is and which columns hold inputs and labels."""
+
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="`csv`, `json`, `parquet`, `imagefolder`, `audiofolder`, or a hub dataset id.",
+    )
+    id: str | None = Field(default=None, min_length=1, description="An uploaded dataset's id (service only).")
+    data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    data_dir: str | None = None
+    name: str | None = Field(default=None, description="Hub dataset configuration name.")
+    train_split: str = "train"
+    eval_split: str | None = Field(
+        default=None, description="Split to evaluate on; default `validation` (or `test`) when present."
+    )
+    eval_fraction: float | None = Field(
+        default=None, gt=0.0, lt=1.0, description="Hold out this fraction of train when there is no eval split."
+    )
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    image_column: str = "image"
+    audio_column: str = "audio"
+    label_column: str = "label"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if (self.path is None) == (self.id is None):
+            raise combination_error("dataset.path", "give exactly one of `path` or `id`")
+        if self.eval_split is not None and self.eval_fraction is not None:
+            raise combination_error("dataset.eval_fraction", "give `eval_split` or `eval_fraction`, not both")
+        return self
+
+
+class PreprocessingSpec(StrictModel):
+    max_length: int = Field(default=128, ge=2, le=32768, description="Token limit for text inputs.")
+    max_duration_s: float = Field(default=10.0, gt=0, le=600, description="Audio clips are cut to this.")
+    sampling_rate: int | None = Field(
+        default=None, gt=0, description="Audio rate; default is the feature extractor's own."
+    )
+    group_by_length: bool = Field(
+        default=True, description="Batch inputs of similar length together (less padding, faster)."
+    )
+
+
+class TrainingSpec(StrictModel):
+    backend: Backend = "trainer"
+    num_train_epochs: float = Field(default=3.0, gt=0)
+    max_steps: int = Field(default=-1, ge=-1, description="If > 0, overrides num_train_epochs.")
+    per_device_train_batch_size: int = Field(default=8, ge=1, le=65536)
+    per_device_eval_batch_size: int = Field(default=8, ge=1, le=65536)
+    learning_rate: float = Field(default=5e-5, gt=0, le=10)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    lr_scheduler_type: SchedulerName = "linear"
+    warmup_ratio: float = Field(default=0.0, ge=0, le=1)
+    warmup_steps: int = Field(default=0, ge=0)
+    max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
+    seed: int = 42
+    logging_steps: int = Field(default=10, ge=1)
+    eval_strategy: EvalStrategy = "epoch"
+    eval_steps: int | None = Field(default=None, ge=1)
+    save_steps: int = Field(default=500, ge=1)
+    save_total_limit: int | None = Field(default=None, ge=1)
+    dataloader_num_workers: int = Field(default=0, ge=0, le=64)
+    report_to: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _eval_steps(self) -> TrainingSpec:
+        if self.eval_steps is not None and self.eval_strategy != "steps":
+            raise combination_error("training.eval_steps", "only used with eval_strategy 'steps'")
+        return self
+
+
+class OptimizerSpec(StrictModel):
+    """trainjobs builds the optimizer itself in both backends, so its memory is known exactly."""
+
+    name: OptimizerName = "adamw"
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    adam_beta2: float = Field(default=0.999, ge=0, lt=1)
+    adam_epsilon: float = Field(default=1e-8, gt=0)
+    amsgrad: bool = False
+    adafactor_beta1: float | None = Field(
+        default=None, ge=0, lt=1, description="Adafactor keeps a first moment only when this is set."
+    )
+    adafactor_decay_rate: float = Field(default=-0.8, lt=0)
+    adafactor_clip_threshold: float = Field(default=1.0, gt=0)
+    adafactor_scale_parameter: bool = False
+    adafactor_relative_step: bool = False
+
+    @model_validator(mode="after")
+    def _fields_match_optimizer(self) -> OptimizerSpec:
+        # A field of another optimizer is an error only when it differs from its default, so a
+        # dumped spec (which lists every field) validates again unchanged.
+        fields = type(self).model_fields
+        changed = {n for n in fields if getattr(self, n) != fields[n].default}
+        adam_only = {"adam_beta1", "adam_beta2", "adam_epsilon", "amsgrad"}
+        ada_only = {n for n in fields if n.startswith("adafactor_")}
+        wrong = sorted(changed & (adam_only if self.name == "adafactor" else ada_only))
+        if wrong:
+            raise combination_error(f"optimizer.{wrong[0]}", f"does not apply to optimizer '{self.name}'")
+        if self.amsgrad and self.name != "adamw":
+            raise combination_error("optimizer.amsgrad", "only torch AdamW (`adamw`) supports amsgrad")
+        return self
+
+
+class EfficiencySpec(StrictModel):
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=4096)
+    gradient_checkpointing: bool = False
+    mixed_precision: MixedPrecision = Field(
+        default="no", description="`fp16` needs a CUDA device; on CPU use `bf16`."
+    )
+    local_sgd_steps: int | None = Field(
+        default=None, ge=1, description="Average weights every N steps (accelerate backend only)."
+    )
+
+
+class ResourcesSpec(StrictModel):
+    num_processes: int = Field(default=1, ge=1, le=64)
+    gpu_memory_gb: float | None = Field(
+        default=None, gt=0, le=4096, description="Per-device memory budget checked against the estimate."
+    )
+
+
+class JobSpec(StrictModel):
+    """A training job, complete enough to run with no service at all."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    task: Task
+    model: ModelSpec
+    dataset: DatasetSpec
+    preprocessing: PreprocessingSpec = Field(default_factory=PreprocessingSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    efficiency: EfficiencySpec = Field(default_factory=EfficiencySpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    metrics: list[MetricName] = Field(default_factory=lambda: list[MetricName](["accuracy"]), min_length=1)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> JobSpec:
+        if self.efficiency.local_sgd_steps is not None and self.training.backend != "accelerate":
+            raise combination_error(
+                "efficiency.local_sgd_steps",
+                "local SGD belongs to the 'accelerate' backend; set training.backend to 'accelerate'",
+            )
+        if self.task == "text-classification" and self.model.processor is not None:
+            raise combination_error("model.processor", "text models take `tokenizer`, not `processor`")
+        if self.task != "text-classification" and self.model.tokenizer is not None:
+            raise combination_error("model.tokenizer", "image and audio models take `processor`")
+        return self
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with a spec: the dotted field path and what is wrong with it."""
+
+    field: str
+    message: str
+    type: str = "value_error"
+
+
+def spec_errors(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[FieldError]:
+    """Map a pydantic error to field paths users can act on (see module docstring for ``ctx.field``)."""
+    out: list[FieldError] = []
+    for err in exc.errors(include_url=False):
+        ctx = err.get("ctx") or {}
+        if "field" in ctx:
+            field = str(ctx["field"])
+            message = err["msg"].split(": ", 1)[-1]
+        else:
+            # Drop pydantic's union/tag markers so the path is what a user would type.
+            parts = [str(p) for p in (*prefix, *err["loc"]) if not str(p).startswith(("function-", "str", "list["))]
+            field = ".".join(parts) or "spec"
+            message = err["msg"]
+        out.append(FieldError(field=field, message=message, type=err["type"]))
+    return out
+
+
+class SpecError(ValueError):
+    """A spec that cannot be run; carries the field errors for CLI and API alike."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(f"{e.field}: {e.message}" for e in errors))
+
+
+def parse_spec(data: Mapping[str, Any]) -> JobSpec:
+    """Validate a spec document, raising :class:`SpecError` with field paths on failure."""
+    try:
+        return JobSpec.model_validate(dict(data))
+    except ValidationError as exc:
+        raise SpecError(spec_errors(exc)) from exc
+
+
+def load_spec_file(path: str | Path) -> JobSpec:
+    """Read a YAML or JSON spec file (YAML is a superset of JSON, but JSON errors read better)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SpecError([FieldError("spec", f"cannot parse {path}: {exc}", "parse_error")]) from exc
+    if not isinstance(data, Mapping):
+        raise SpecError([FieldError("spec", "a spec file must hold one object", "type_error")])
+    return parse_spec(data)

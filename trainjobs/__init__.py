@@ -1,0 +1,1 @@
+"""trainjobs: the CLI, the Python client and the local launcher."""
