@@ -1,0 +1,100 @@
+"""Status moves only forward and event numbers never collide, on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.db import Base, Job, JobEvent, JobStatus
+from api.db.jobstore import add_events, transition
+from api.db.session import make_engine
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        eng = make_engine(f"sqlite:///{tmp_path / 'jobs.db'}")
+        Base.metadata.create_all(eng)
+        yield eng
+        eng.dispose()
+        return
+    name = f"trainjobs_jobstore_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    eng = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
+    Base.metadata.create_all(eng)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def new_job(engine: Engine) -> str:
+    with Session(engine) as session:
+        job = Job(owner="alice", name="j", spec={})
+        session.add(job)
+        session.commit()
+        return job.id
+
+
+def status_of(engine: Engine, job_id: str) -> str:
+    with Session(engine) as session:
+        return session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
+
+
+def test_status_moves_forward_and_terminal_is_final(engine: Engine) -> None:
+    job_id = new_job(engine)
+    with Session(engine) as s, s.begin():
+        assert transition(s, job_id, JobStatus.running)
+    with Session(engine) as s, s.begin():
+        assert transition(s, job_id, JobStatus.succeeded, reason=None)
+    for later in (JobStatus.running, JobStatus.failed, JobStatus.cancelled, JobStatus.queued):
+        with Session(engine) as s, s.begin():
+            assert not transition(s, job_id, later)
+    assert status_of(engine, job_id) == "succeeded"
+    with Session(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.started_at is not None and job.finished_at is not None
+        kinds = s.execute(select(JobEvent.data).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)).scalars()
+        assert [d["status"] for d in kinds] == ["running", "succeeded"]
+
+
+def test_expect_makes_the_claim_a_compare_and_set(engine: Engine) -> None:
+    job_id = new_job(engine)
+    with Session(engine) as s, s.begin():
+        assert transition(s, job_id, JobStatus.running, expect=JobStatus.queued)
+    # a redelivered message tries to claim the same job again: it must lose
+    with Session(engine) as s, s.begin():
+        assert not transition(s, job_id, JobStatus.running, expect=JobStatus.queued)
+    with Session(engine) as s, s.begin():
+        assert not transition(s, "no-such-job", JobStatus.running)
+
+
+def test_concurrent_writers_get_distinct_consecutive_seqs(engine: Engine) -> None:
+    job_id = new_job(engine)
+    make = sessionmaker(bind=engine)
+
+    def write(batch: int) -> int:
+        with make() as s, s.begin():
+            return add_events(s, job_id, [("log", {"batch": batch, "i": i}, None) for i in range(5)])
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        lasts = list(pool.map(write, range(8)))
+    with Session(engine) as s:
+        seqs = list(s.execute(select(JobEvent.seq).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)).scalars())
+        job = s.get(Job, job_id)
+        assert job is not None
+    assert seqs == list(range(1, 41))
+    assert sorted(lasts) == [5 * (i + 1) for i in range(8)]
+    assert job.last_seq == 40
