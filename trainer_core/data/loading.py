@@ -1,0 +1,162 @@
+"""Raw data: load the dataset, choose the train and eval splits, check columns, map labels to ids."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+from datasets import Audio, ClassLabel, Dataset, DatasetDict, Features, Value
+from datasets.exceptions import DatasetNotFoundError
+
+from trainer_core.spec import DatasetSpec, FieldError, JobSpec, SpecError
+
+logger = logging.getLogger(__name__)
+
+# The column each task reads its input from (besides the label column).
+INPUT_COLUMN_FIELDS: dict[str, tuple[str, ...]] = {
+    "text-classification": ("text_column", "text_pair_column"),
+    "image-classification": ("image_column",),
+    "audio-classification": ("audio_column",),
+}
+
+
+def spec_error(field: str, message: str) -> SpecError:
+    """A :class:`SpecError` about one field."""
+    return SpecError([FieldError(field=field, message=message)])
+
+
+def file_source(value: Any, field: str) -> str | io.BytesIO:
+    """What a media column cell points at, ready to open: a path, or ``{bytes, path}`` as datasets
+    stores Image/Audio features undecoded (bytes win: the path may only be the original name)."""
+    if isinstance(value, Mapping) and value.get("bytes"):
+        return io.BytesIO(value["bytes"])
+    if isinstance(value, Mapping) and value.get("path"):
+        return str(value["path"])
+    if isinstance(value, str):
+        return value
+    raise spec_error(field, f"cannot read a file from a {type(value).__name__} value")
+
+
+def _source_field(ds: DatasetSpec) -> str:
+    if ds.data_files is not None:
+        return "dataset.data_files"
+    return "dataset.data_dir" if ds.data_dir is not None else "dataset.path"
+
+
+def load_raw(spec: JobSpec) -> DatasetDict:
+    """``datasets.load_dataset`` on the spec's path, data files, data dir and configuration name.
+
+    ``audiofolder`` is read with its audio column as plain file paths: datasets' Audio feature needs
+    torchcodec even to store a path, and :mod:`trainer_core.data.audio` decodes with soundfile instead.
+    """
+    ds = spec.dataset
+    if ds.path is None:
+        raise spec_error("dataset.id", "an uploaded dataset id must be resolved to a path before training")
+    kwargs: dict[str, Any] = {"data_files": ds.data_files, "data_dir": ds.data_dir, "name": ds.name}
+    if ds.path == "audiofolder":
+        # Folder-per-class layout: the builder yields the file path and the folder name as label.
+        kwargs["features"] = Features({"audio": Value("string"), "label": Value("string")})
+        kwargs["drop_labels"] = False
+    try:
+        loaded = datasets.load_dataset(ds.path, **{k: v for k, v in kwargs.items() if v is not None})
+    except (FileNotFoundError, DatasetNotFoundError) as exc:
+        raise spec_error(_source_field(ds), f"cannot load dataset {ds.path!r}: {exc}") from exc
+    if not isinstance(loaded, DatasetDict):
+        raise spec_error("dataset.path", f"expected a dataset with splits, got {type(loaded).__name__}")
+    if spec.task == "audio-classification":
+        loaded = _undecoded_audio(loaded, ds.audio_column)
+    return loaded
+
+
+def _undecoded_audio(raw: DatasetDict, column: str) -> DatasetDict:
+    """Audio features read as ``{bytes, path}``: decoding them would need torchcodec."""
+    out = {}
+    for split, data in raw.items():
+        if isinstance(data.features.get(column), Audio):
+            data = data.cast_column(column, Audio(decode=False))
+        out[split] = data
+    return DatasetDict(out)
+
+
+def select_splits(spec: JobSpec, raw: DatasetDict) -> tuple[Dataset, Dataset | None]:
+    """Train split and eval split by the rules: ``eval_split``, else ``validation`` or ``test``
+    when present, else an ``eval_fraction`` hold-out of train (seeded by ``training.seed``), else none.
+    """
+    ds = spec.dataset
+    splits = sorted(raw.keys())
+    if ds.train_split not in raw:
+        raise spec_error("dataset.train_split", f"no split {ds.train_split!r}; the dataset has {splits}")
+    train = raw[ds.train_split]
+    if ds.eval_split is not None:
+        if ds.eval_split not in raw:
+            raise spec_error("dataset.eval_split", f"no split {ds.eval_split!r}; the dataset has {splits}")
+        return train, raw[ds.eval_split]
+    for name in ("validation", "test"):
+        if name in raw and name != ds.train_split:
+            return train, raw[name]
+    if ds.eval_fraction is not None:
+        held_out = train.train_test_split(test_size=ds.eval_fraction, seed=spec.training.seed, shuffle=True)
+        return held_out["train"], held_out["test"]
+    return train, None
+
+
+def check_columns(spec: JobSpec, split: Dataset, split_name: str) -> None:
+    """Every column the task reads must exist; the error names the spec field and the real columns."""
+    fields = (*INPUT_COLUMN_FIELDS[spec.task], "label_column")
+    for field in fields:
+        column = getattr(spec.dataset, field)
+        if column is not None and column not in split.column_names:
+            raise spec_error(
+                f"dataset.{field}",
+                f"column {column!r} not found in the {split_name} split; "
+                f"its columns are: {', '.join(split.column_names)}",
+            )
+
+
+@dataclass(frozen=True)
+class LabelMapping:
+    """Label names sorted (id = index) and how raw column values map to ids."""
+
+    names: list[str]
+    to_id: Mapping[Any, int]
+
+
+def _label_values(split: Dataset, column: str, split_name: str) -> list[Any]:
+    values = split[column]
+    if any(v is None for v in values):
+        raise spec_error("dataset.label_column", f"the {split_name} split has rows with no label in {column!r}")
+    return list(values)
+
+
+def build_label_mapping(train: Dataset, eval_split: Dataset | None, column: str) -> LabelMapping:
+    """Map labels to ids: ClassLabel columns keep their names; other values are sorted.
+
+    Integer labels sort numerically (so ``10`` follows ``9``) and are named by their decimal form.
+    A label that occurs in the eval split but never in train is an error: the model could not learn it.
+    """
+    feature = train.features[column]
+    train_values = _label_values(train, column, "train")
+    if isinstance(feature, ClassLabel):
+        names = list(feature.names)
+        to_id: dict[Any, int] = {i: i for i in sorted(set(train_values))}
+    else:
+        if any(isinstance(v, float) and not float(v).is_integer() for v in train_values):
+            raise spec_error("dataset.label_column", f"{column!r} holds fractional numbers, not class labels")
+        distinct = sorted(set(train_values))
+        names = [str(int(v)) if isinstance(v, float) else str(v) for v in distinct]
+        to_id = {value: i for i, value in enumerate(distinct)}
+    if len(to_id) < 2:
+        raise spec_error("dataset.label_column", f"{column!r} has fewer than 2 distinct labels in train")
+    if eval_split is not None:
+        unseen = sorted({v for v in _label_values(eval_split, column, "eval") if v not in to_id}, key=str)
+        if unseen:
+            shown = [names[v] if isinstance(feature, ClassLabel) else str(v) for v in unseen[:10]]
+            raise spec_error(
+                "dataset.label_column",
+                f"the eval split has labels that never occur in train: {shown}",
+            )
+    return LabelMapping(names=names, to_id=to_id)
