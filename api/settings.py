@@ -18,7 +18,9 @@ DEV_SECRET = "dev-insecure-secret-change-me"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+    # populate_by_name also makes pydantic-settings read each field's *name* from the environment
+    # (HOME -> home, ENV -> env); the prefix (applied to names only) keeps those out.
+    model_config = SettingsConfigDict(env_prefix="TRAINJOBS_FIELD_", extra="ignore", populate_by_name=True)
 
     env: Literal["dev", "production"] = Field(default="dev", validation_alias="TRAINJOBS_ENV")
     home: Path = Field(default=Path("var"), validation_alias="TRAINJOBS_HOME")

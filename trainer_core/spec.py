@@ -11,7 +11,7 @@ puts such errors at the location of the model that checked them, so :func:`spec_
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -231,15 +231,29 @@ class FieldError:
 
 def spec_errors(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[FieldError]:
     """Map a pydantic error to field paths users can act on (see module docstring for ``ctx.field``)."""
+    return field_errors(exc.errors(include_url=False), prefix)
+
+
+_TYPE_MARKERS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_type_marker(part: str | int) -> bool:
+    """Pydantic's union-member and validator tags in an error location (``str``, ``list[str]``, ...)."""
+    text = str(part)
+    return text in _TYPE_MARKERS or "[" in text or text.startswith("function-")
+
+
+def field_errors(errors: Sequence[Mapping[str, Any]], prefix: tuple[str | int, ...] = ()) -> list[FieldError]:
+    """:func:`spec_errors` for pydantic's error dicts (e.g. FastAPI's ``RequestValidationError.errors()``)."""
     out: list[FieldError] = []
-    for err in exc.errors(include_url=False):
+    for err in errors:
         ctx = err.get("ctx") or {}
         if "field" in ctx:
             field = str(ctx["field"])
             message = err["msg"].split(": ", 1)[-1]
         else:
             # Drop pydantic's union/tag markers so the path is what a user would type.
-            parts = [str(p) for p in (*prefix, *err["loc"]) if not str(p).startswith(("function-", "str", "list["))]
+            parts = [str(p) for p in (*prefix, *err["loc"]) if not _is_type_marker(p)]
             field = ".".join(parts) or "spec"
             message = err["msg"]
         out.append(FieldError(field=field, message=message, type=err["type"]))

@@ -63,9 +63,7 @@ def transition(
             values["error_reason"] = reason
         if message is not None:
             values["error_message"] = message
-    result = session.execute(
-        update(Job).where(Job.id == job_id, Job.status == current_status.value).values(**values)
-    )
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status == current_status.value).values(**values))
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
     data: dict[str, Any] = {"status": new.value, "previous": current_status.value}

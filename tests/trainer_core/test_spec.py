@@ -178,3 +178,10 @@ def test_spec_files_load_from_yaml_and_json(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(SpecError):
         load_spec_file(tmp_path / "list.yaml")
+
+
+def test_union_type_markers_do_not_appear_in_field_paths() -> None:
+    doc = with_change("dataset.data_files", {"train": 5})
+    fields = error_fields(doc)
+    assert fields and all(f.startswith("dataset.data_files") for f in fields)
+    assert not any("str" in f.split(".") or "[" in f for f in fields)

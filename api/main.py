@@ -1,0 +1,99 @@
+"""The FastAPI app factory: ``create_app(settings)`` builds an app bound to one database and store.
+
+``uvicorn api.main:app`` serves the module-level app built from the environment; ``trainjobs serve``
+uses ``api.main:create_app`` as a factory. Routers are a list, so adding one is one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import lru_cache
+
+from fastapi import APIRouter, FastAPI
+from sqlalchemy.orm import sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from api.artifacts import ArtifactStore
+from api.auth import ensure_bootstrap_key
+from api.db.session import make_engine
+from api.problems import install_problem_handlers
+from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
+from api.routes.prometheus import install_metrics
+from api.settings import Settings, get_settings
+from api.uploads import UploadLimitMiddleware
+
+logger = logging.getLogger(__name__)
+
+ROUTERS: list[APIRouter] = [
+    health.router,
+    dashboard.router,
+    jobs.router,
+    events.router,
+    metrics.router,
+    artifacts.router,
+    datasets.router,
+    estimates.router,
+]
+
+
+def _warm_up() -> None:
+    # The estimator imports torch and transformers, enqueueing imports Celery (seconds, once): do it
+    # at start, off the event loop, rather than in the first submit.
+    for module in ("trainer_core.memory", "worker.celery_app"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            logger.exception("warm-up import of %s failed", module)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+
+    def bootstrap() -> None:
+        with app.state.sessionmaker() as session:
+            ensure_bootstrap_key(session, settings)
+
+    await run_in_threadpool(bootstrap)
+    threading.Thread(target=_warm_up, name="trainjobs-warm-up", daemon=True).start()
+    yield
+    app.state.engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """An app for ``settings`` (default: from the environment); refuses unsafe production settings."""
+    settings = settings or get_settings()
+    settings.check_production_ready()
+    app = FastAPI(
+        title="trainjobs",
+        summary="Submit efficient PyTorch training jobs that are checked against GPU memory before they run.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    engine = make_engine(settings.database_url)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
+    app.state.artifacts = ArtifactStore(settings.artifacts_root)
+    install_problem_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    install_metrics(app)
+    app.add_middleware(UploadLimitMiddleware, path="/v1/datasets", limit_bytes=settings.max_upload_mb * (1 << 20))
+    return app
+
+
+@lru_cache(maxsize=1)
+def _default_app() -> FastAPI:
+    return create_app()
+
+
+def __getattr__(name: str) -> FastAPI:
+    # `uvicorn api.main:app`: built on first access, so importing this module has no side effects.
+    if name == "app":
+        return _default_app()
+    raise AttributeError(name)

@@ -1,0 +1,166 @@
+"""What a job may read: local paths under the data root, hub ids, and public URLs; nothing else.
+
+A job runs on a worker with the service's file system and network, so a spec must not name
+``/etc/passwd``, ``../other-owner``, ``file://`` or an internal address. Rules, per string field
+that can name a location (model and tokenizer paths, ``dataset.path``, ``data_files``, ``data_dir``):
+
+- ``scheme://`` URLs: ``http(s)`` only to public addresses (checked after DNS resolution), and the
+  remote-storage schemes the `datasets` library reads (``hf``, ``s3``, ``gs``...); ``file://`` and
+  anything else is refused.
+- Absolute paths must lie under the data root; ``..`` is refused everywhere. Uploaded datasets live
+  in ``<data root>/uploads/<owner>/``, and only their owner (or an admin) may name them.
+- Relative local paths are taken relative to the data root and stored absolute, so the worker
+  reads the same file whatever its working directory. A model or dataset name that looks like a
+  hub id (``org/name``) is a hub id unless the data root holds a folder of that name.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from api.db.models import Dataset
+from api.uploads import UPLOADS_DIR
+from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# Schemes `datasets`/fsspec read from remote storage with their own credentials: not the worker's network.
+REMOTE_STORAGE_SCHEMES = frozenset({"hf", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+HTTP_SCHEMES = frozenset({"http", "https"})
+# "name" or "org/name": what the hub accepts as a model or dataset id.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+FOLDER_FORMATS = frozenset({"imagefolder", "audiofolder"})
+
+
+def address_problem(host: str) -> str | None:
+    """Why ``host`` must not be fetched by a worker (loopback, private, link-local...), or None."""
+    name = host.strip("[]").lower()
+    if not name:
+        return "has no host"
+    if name == "localhost" or name.endswith(".localhost"):
+        return "points at this machine"
+    try:
+        addresses = [ipaddress.ip_address(name)]
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except OSError:
+            return None  # unresolvable here: the fetch fails on the worker, reaching nothing internal
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    for address in addresses:
+        if not address.is_global or address.is_multicast:
+            return f"resolves to the non-public address {address}"
+    return None
+
+
+class _Checker:
+    """Collects every bad location in a spec so the user sees all of them in one answer."""
+
+    def __init__(self, data_root: Path, owner: str | None):
+        self.root = posixpath.normpath(data_root.as_posix())
+        self.uploads = f"{self.root}/{UPLOADS_DIR}"
+        self.owner = owner
+        self.errors: list[FieldError] = []
+
+    def fail(self, field: str, message: str) -> None:
+        self.errors.append(FieldError(field, message, "forbidden_location"))
+
+    def location(self, value: str, field: str, *, hub_ok: bool, local_base: bool = True) -> str:
+        """Check one location; returns it, with a relative local path made absolute under the root."""
+        scheme = _SCHEME.match(value)
+        if scheme:
+            return self._url(value, scheme.group(1).lower(), field)
+        if ".." in value.replace("\\", "/").split("/"):
+            self.fail(field, "`..` is not allowed in paths")
+            return value
+        if value.startswith(("/", "~", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value):
+            self._local(posixpath.normpath(value), field)
+            return value
+        if not local_base:  # relative to a hub dataset repository, not to this machine
+            return value
+        local = posixpath.join(self.root, value)
+        # "org/name" is a hub id unless the data root holds a folder of that name (as transformers
+        # itself prefers a local folder over the hub).
+        if hub_ok and _HUB_ID.match(value) and not Path(local).exists():
+            return value
+        self._local(local, field)
+        return local
+
+    def _local(self, norm: str, field: str) -> None:
+        if not _under(norm, self.root):
+            self.fail(field, f"local paths must be under the data root {self.root}")
+        elif self.owner is not None and _under(norm, self.uploads) and not _under(norm, f"{self.uploads}/{self.owner}"):
+            self.fail(field, "this path is another owner's upload; use your own datasets")
+
+    def _url(self, value: str, scheme: str, field: str) -> str:
+        if scheme in REMOTE_STORAGE_SCHEMES:
+            return value
+        if scheme not in HTTP_SCHEMES:
+            self.fail(field, f"`{scheme}://` is not allowed; use a path under the data root or an http(s) URL")
+            return value
+        problem = address_problem(urlsplit(value).hostname or "")
+        if problem:
+            self.fail(field, f"URL host {problem}")
+        return value
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
+def _data_files(checker: _Checker, value: Any, field: str, local_base: bool) -> Any:
+    if isinstance(value, str):
+        return checker.location(value, field, hub_ok=False, local_base=local_base)
+    if isinstance(value, list):
+        return [_data_files(checker, v, f"{field}.{i}", local_base) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _data_files(checker, v, f"{field}.{k}", local_base) for k, v in value.items()}
+    return value
+
+
+def check_spec_locations(spec: JobSpec, data_root: Path, owner: str | None = None) -> JobSpec:
+    """The spec with its locations checked and made absolute; raises SpecError naming each bad field.
+
+    ``owner`` (None for an admin) may read only its own folder of the uploads area.
+    """
+    checker = _Checker(data_root, owner)
+    doc = spec.model_dump(mode="json", exclude_unset=True)
+    model = doc["model"]
+    for key in ("name_or_path", "tokenizer", "processor"):
+        if isinstance(model.get(key), str):
+            model[key] = checker.location(model[key], f"model.{key}", hub_ok=True)
+    dataset = doc["dataset"]
+    builder = dataset.get("path") in BUILTIN_DATASET_BUILDERS
+    if isinstance(dataset.get("path"), str) and not builder:
+        dataset["path"] = checker.location(dataset["path"], "dataset.path", hub_ok=True)
+    # data files of a hub dataset are relative to its repository; of a builder, to this machine.
+    local = builder or str(dataset.get("path", "")).startswith("/")
+    if dataset.get("data_files") is not None:
+        dataset["data_files"] = _data_files(checker, dataset["data_files"], "dataset.data_files", local)
+    if isinstance(dataset.get("data_dir"), str):
+        dataset["data_dir"] = checker.location(dataset["data_dir"], "dataset.data_dir", hub_ok=False, local_base=local)
+    if checker.errors:
+        raise SpecError(checker.errors)
+    return type(spec).model_validate(doc)
+
+
+def resolve_uploaded_dataset(spec: JobSpec, dataset: Dataset, data_root: Path) -> JobSpec:
+    """Replace ``{"dataset": {"id": ...}}`` by the uploaded files' builder and stored location."""
+    given = spec.dataset.model_fields_set & {"data_files", "data_dir"}
+    if given:
+        field = sorted(given)[0]
+        raise SpecError([FieldError(f"dataset.{field}", "an uploaded dataset brings its own files", "conflict")])
+    doc = spec.model_dump(mode="json", exclude_unset=True)
+    location = (data_root / dataset.storage_path).as_posix()
+    doc["dataset"].pop("id")
+    doc["dataset"]["path"] = dataset.format
+    if dataset.format in FOLDER_FORMATS:
+        doc["dataset"]["data_dir"] = location
+    else:
+        doc["dataset"]["data_files"] = {"train": location}
+    return type(spec).model_validate(doc)

@@ -1,0 +1,76 @@
+"""Datasets: upload a file or a zipped folder once, then point jobs at it with ``{"dataset": {"id": ...}}``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, UploadFile, status
+from sqlalchemy import select
+
+from api.db.base import new_id
+from api.db.models import Dataset
+from api.deps import CallerDep, SessionDep, SettingsDep, owned_dataset
+from api.schemas.common import problem_responses
+from api.schemas.datasets import DatasetList, DatasetOut
+from api.uploads import dataset_dir, store_upload
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=problem_responses(401, 404, 413, 422))
+
+UPLOAD_EXAMPLE = """Example:
+
+    curl -H "Authorization: Bearer $TRAINJOBS_API_KEY" \\
+         -F file=@reviews.csv -F name=reviews http://127.0.0.1:8000/v1/datasets
+
+then submit a job with `"dataset": {"id": "<the returned id>", "text_column": "text", "label_column": "label"}`.
+"""
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatasetOut,
+    description="Upload a CSV, JSON lines or Parquet file, or a zip of an image or audio folder "
+    "(class-named subfolders). The sha256 of the upload is stored.\n\n" + UPLOAD_EXAMPLE,
+)
+def upload_dataset(
+    file: Annotated[UploadFile, File(description=".csv, .jsonl, .json, .parquet or .zip (image/audio folder)")],
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: CallerDep,
+    name: Annotated[str | None, Form(max_length=256, examples=["reviews"])] = None,
+) -> DatasetOut:
+    dataset_id = new_id()
+    filename = file.filename or "upload"
+    stored = store_upload(
+        file.file,
+        filename,
+        dataset_dir(settings.data_root, caller.owner, dataset_id),
+        settings.data_root,
+        settings.max_upload_mb * (1 << 20),
+    )
+    row = Dataset(
+        id=dataset_id,
+        owner=caller.owner,
+        name=name or filename,
+        format=stored.format,
+        content_hash=stored.content_hash,
+        size_bytes=stored.size_bytes,
+        storage_path=stored.storage_path,
+    )
+    session.add(row)
+    session.commit()
+    return DatasetOut.from_row(row)
+
+
+@router.get("", response_model=DatasetList)
+def list_datasets(session: SessionDep, caller: CallerDep) -> DatasetList:
+    """The caller's datasets (an admin's: everyone's), newest first."""
+    query = select(Dataset).order_by(Dataset.created_at.desc(), Dataset.id.desc())
+    if not caller.is_admin:
+        query = query.where(Dataset.owner == caller.owner)
+    return DatasetList(items=[DatasetOut.from_row(row) for row in session.execute(query).scalars()])
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: str, session: SessionDep, caller: CallerDep) -> DatasetOut:
+    return DatasetOut.from_row(owned_dataset(session, dataset_id, caller))

@@ -1,0 +1,43 @@
+"""Memory estimates before submitting, and the catalog of models the estimator knows offline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.deps import CallerDep, SettingsDep
+from api.estimation import estimate, plan
+from api.problems import Problem
+from api.schemas.common import problem_responses
+from api.schemas.estimates import Catalog, EstimateRequest, EstimateResponse
+
+router = APIRouter(prefix="/v1", tags=["estimates"], responses=problem_responses(401, 404, 422))
+
+
+@router.post("/estimates/memory", response_model=EstimateResponse)
+def estimate_memory(body: EstimateRequest, settings: SettingsDep, _caller: CallerDep) -> EstimateResponse:
+    """The estimator's breakdown for a spec; with ``gpu_memory_gb``, also the planner's fitting list."""
+    result = estimate(body.spec, settings, gpu_memory_gb=body.gpu_memory_gb, devices=body.devices)
+    advice = None
+    if body.gpu_memory_gb is not None:
+        advice = plan(body.spec, body.gpu_memory_gb, devices=body.devices).model_dump(mode="json")
+    return EstimateResponse(estimate=result.model_dump(mode="json"), plan=advice)
+
+
+@router.get("/models/catalog", response_model=Catalog)
+def model_catalog(_caller: CallerDep) -> Catalog:
+    """Models whose architecture the estimator knows without downloading anything."""
+    from trainer_core.memory import catalog_entry, catalog_ids
+
+    items: list[dict[str, Any]] = [{"id": model_id, **catalog_entry(model_id)} for model_id in catalog_ids()]
+    return Catalog(items=items)
+
+
+@router.get("/models/catalog/{model_id:path}", response_model=dict[str, Any])
+def model_catalog_entry(model_id: str, _caller: CallerDep) -> dict[str, Any]:
+    from trainer_core.memory import catalog_entry, catalog_ids
+
+    if model_id not in catalog_ids():
+        raise Problem(404, f"no model {model_id!r} in the catalog")
+    return {"id": model_id, **catalog_entry(model_id)}

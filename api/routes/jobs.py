@@ -1,0 +1,144 @@
+"""Jobs: submit, list, show, cancel."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+from pydantic import ValidationError
+from sqlalchemy import and_, or_, select
+
+from api.db.jobstore import transition
+from api.db.models import Job, JobStatus
+from api.deps import CallerDep, EnqueueDep, OwnedJob, SessionDep, SettingsDep, owned_dataset
+from api.estimation import estimate_for_submit
+from api.paths import check_spec_locations, resolve_uploaded_dataset
+from api.problems import Problem
+from api.schemas.common import problem_responses
+from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
+
+logger = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    responses=problem_responses(503),
+)
+def submit_job(
+    body: JobCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: CallerDep,
+    enqueue: EnqueueDep,
+    response: Response,
+) -> JobOut:
+    """Validate, estimate, store and enqueue a job; nothing is stored when any check fails."""
+    spec = body.job_spec()
+    queue = body.queue or settings.default_queue
+    dataset_id = None
+    if spec.dataset.id is not None:
+        dataset = owned_dataset(session, spec.dataset.id, caller, field="dataset.id")
+        dataset_id = dataset.id
+        spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
+    spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
+    estimate = estimate_for_submit(spec, queue, settings)
+    job = Job(
+        owner=caller.owner,
+        name=spec.name,
+        queue=queue,
+        priority=body.priority,
+        spec=spec.model_dump(mode="json", exclude_unset=True),
+        estimate=estimate,
+        dataset_id=dataset_id,
+    )
+    session.add(job)
+    session.commit()
+    try:
+        enqueue(job.id, queue, body.priority, settings)
+    except Exception as exc:
+        # The job was never handed to a worker: fail it visibly rather than leave it queued forever.
+        logger.exception("enqueue of job %s failed", job.id)
+        transition(
+            session, job.id, JobStatus.failed, reason="enqueue_failed", message=str(exc), expect=JobStatus.queued
+        )
+        session.commit()
+        raise Problem(503, "the queue is unreachable; the job was not started, submit it again later") from exc
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return JobOut.from_job(job)
+
+
+def encode_cursor(job: Job) -> str:
+    raw = Cursor(created_at=job.created_at, id=job.id).model_dump_json().encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> Cursor:
+    try:
+        return Cursor.model_validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, binascii.Error, ValidationError) as exc:
+        raise Problem(
+            422, "cursor: not a cursor this API returned", errors=[{"field": "cursor", "message": "invalid cursor"}]
+        ) from exc
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    session: SessionDep,
+    caller: CallerDep,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
+) -> JobList:
+    """The caller's jobs (an admin's: everyone's), newest first, in keyset-paginated pages."""
+    query = select(Job)
+    if not caller.is_admin:
+        query = query.where(Job.owner == caller.owner)
+    if status_ is not None:
+        query = query.where(Job.status == status_.value)
+    if cursor is not None:
+        after = decode_cursor(cursor)
+        query = query.where(
+            or_(Job.created_at < after.created_at, and_(Job.created_at == after.created_at, Job.id < after.id))
+        )
+    rows = session.execute(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).scalars().all()
+    page = list(rows[:limit])
+    next_cursor = encode_cursor(page[-1]) if len(rows) > limit else None
+    return JobList(items=[JobOut.from_job(job) for job in page], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job: OwnedJob) -> JobOut:
+    """Status, progress, latest and final metrics, estimated and measured memory, error, timestamps."""
+    return JobOut.from_job(job)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=problem_responses(409),
+)
+def cancel_job(job: OwnedJob, session: SessionDep, caller: CallerDep) -> JobOut:
+    """Cancel: a queued job at once; a running one is stopped by its worker at its next step."""
+    message = f"cancelled by {caller.owner}"
+    if JobStatus(job.status) == JobStatus.queued and transition(
+        session, job.id, JobStatus.cancelled, reason="cancelled", message=message, expect=JobStatus.queued
+    ):
+        session.commit()
+    else:
+        session.rollback()
+        session.refresh(job)
+        current = JobStatus(job.status)
+        if current.terminal:
+            raise Problem(409, f"job {job.id} already {current.value}", job_status=current.value)
+        # Running (or just claimed): the worker watches this flag, SIGTERMs the run, then SIGKILLs.
+        job.cancel_requested = True
+        session.commit()
+    session.refresh(job)
+    return JobOut.from_job(job)

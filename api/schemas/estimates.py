@@ -1,0 +1,29 @@
+"""Memory-estimate requests and answers (the figures come from ``trainer_core.memory``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.schemas.examples import EXAMPLE_ESTIMATE_REQUEST
+from trainer_core.spec import JobSpec
+
+
+class EstimateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_ESTIMATE_REQUEST]})
+
+    spec: JobSpec
+    gpu_memory_gb: float | None = Field(
+        default=None, gt=0, le=4096, description="Per-device budget; with it the answer includes the planner's list."
+    )
+    devices: int | None = Field(default=None, ge=1, le=4096, description="Default: spec.resources.num_processes.")
+
+
+class EstimateResponse(BaseModel):
+    estimate: dict[str, Any] = Field(description="The estimator's breakdown: parts with formulas, total_bytes, fits.")
+    plan: dict[str, Any] | None = Field(description="Configurations that fit the budget, cheapest change first.")
+
+
+class Catalog(BaseModel):
+    items: list[dict[str, Any]]

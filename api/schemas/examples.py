@@ -1,0 +1,61 @@
+"""Worked examples for the OpenAPI document: the issue-2 spec, adapted to paths under the data root."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Relative paths are read under DATA_ROOT (see api/paths.py), so this runs on any install that put
+# the model and the CSVs there.
+EXAMPLE_SPEC: dict[str, Any] = {
+    "name": "reviews-minilm",
+    "task": "text-classification",
+    "model": {"name_or_path": "models/all-minilm-l6-v2"},
+    "dataset": {
+        "path": "csv",
+        "data_files": {"train": "reviews/train.csv", "validation": "reviews/validation.csv"},
+        "text_column": "text",
+        "label_column": "label",
+    },
+    "preprocessing": {"max_length": 64},
+    "training": {
+        "backend": "accelerate",
+        "num_train_epochs": 2,
+        "per_device_train_batch_size": 16,
+        "per_device_eval_batch_size": 32,
+        "learning_rate": 5e-5,
+        "weight_decay": 0.01,
+        "lr_scheduler_type": "linear",
+        "warmup_ratio": 0.0,
+        "seed": 42,
+        "logging_steps": 5,
+        "eval_strategy": "epoch",
+        "save_steps": 50,
+        "save_total_limit": 2,
+    },
+    "optimizer": {"name": "adamw"},
+    "efficiency": {"gradient_accumulation_steps": 2, "gradient_checkpointing": True, "mixed_precision": "no"},
+    "resources": {"num_processes": 1},
+    "metrics": ["accuracy", "f1"],
+}
+
+EXAMPLE_JOB_CREATE: dict[str, Any] = {**EXAMPLE_SPEC, "priority": 5, "queue": "default"}
+
+EXAMPLE_UPLOADED_DATASET_JOB: dict[str, Any] = {
+    **EXAMPLE_SPEC,
+    "name": "reviews-uploaded",
+    "dataset": {"id": "0123456789abcdef0123456789abcdef", "text_column": "text", "label_column": "label"},
+}
+
+EXAMPLE_ESTIMATE_REQUEST: dict[str, Any] = {
+    "spec": {
+        "name": "bert-large-budget",
+        "task": "text-classification",
+        "model": {"name_or_path": "bert-large-uncased"},
+        "dataset": {"path": "csv", "data_files": "reviews/train.csv"},
+        "training": {"per_device_train_batch_size": 32},
+        "optimizer": {"name": "adamw"},
+        "preprocessing": {"max_length": 128},
+    },
+    "gpu_memory_gb": 16,
+    "devices": 1,
+}

@@ -1,0 +1,165 @@
+"""Job requests and the job as the API shows it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.db.models import Job, JobStatus
+from api.schemas.common import UtcDatetime
+from api.schemas.examples import EXAMPLE_JOB_CREATE, EXAMPLE_UPLOADED_DATASET_JOB
+from trainer_core.spec import JobSpec
+
+# The worker's scale (worker.celery_app.MIN_PRIORITY..MAX_PRIORITY; a test pins them equal).
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# The estimate's parts shown beside the worker's measurement of the same quantities.
+MEMORY_SIDE_BY_SIDE = (
+    "parameter_bytes",
+    "gradient_bytes",
+    "optimizer_state_bytes",
+    "activation_bytes",
+    "total_bytes",
+    "gpu_memory_bytes",
+    "fits",
+)
+
+
+class JobCreate(JobSpec):
+    """The job spec itself, plus where and how urgently to run it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [EXAMPLE_JOB_CREATE, EXAMPLE_UPLOADED_DATASET_JOB]},
+    )
+
+    priority: int = Field(
+        default=MIN_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY, description="0..9, higher starts first."
+    )
+    queue: str | None = Field(
+        default=None, pattern=QUEUE_PATTERN, description="Worker queue; default: the service's default queue."
+    )
+
+    def job_spec(self) -> JobSpec:
+        """The spec alone, as submitted (unset fields stay unset, so re-validation agrees)."""
+        return JobSpec.model_validate(self.model_dump(exclude={"priority", "queue"}, exclude_unset=True))
+
+
+class Progress(BaseModel):
+    step: int
+    total: int | None
+    epoch: float | None
+    fraction: float | None = Field(description="step / total, when the total is known.")
+
+
+class JobError(BaseModel):
+    reason: str | None = Field(description="Machine-readable: out_of_memory, cancelled, exit_code, ...")
+    message: str | None
+
+
+class MemoryComparison(BaseModel):
+    estimated: dict[str, Any] | None = Field(description="The estimate's headline figures (bytes).")
+    measured: dict[str, Any] | None = Field(description="What the run measured (bytes), once it reported.")
+
+
+class JobLinks(BaseModel):
+    self: str
+    events: str
+    metrics: str
+    artifacts: str
+    cancel: str
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    owner: str
+    status: JobStatus
+    queue: str
+    priority: int
+    spec: dict[str, Any]
+    estimate: dict[str, Any] | None
+    progress: Progress
+    latest_metrics: dict[str, Any] | None
+    final_metrics: dict[str, Any] | None
+    memory: MemoryComparison
+    error: JobError | None
+    attempts: int
+    cancel_requested: bool
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
+    updated_at: UtcDatetime
+    links: JobLinks
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobOut:
+        base = f"/v1/jobs/{job.id}"
+        total = job.progress_total
+        estimated = None
+        if job.estimate is not None:
+            estimated = {k: job.estimate[k] for k in MEMORY_SIDE_BY_SIDE if k in job.estimate}
+        error = None
+        if job.error_reason is not None or job.error_message is not None:
+            error = JobError(reason=job.error_reason, message=job.error_message)
+        return cls(
+            id=job.id,
+            name=job.name,
+            owner=job.owner,
+            status=JobStatus(job.status),
+            queue=job.queue,
+            priority=job.priority,
+            spec=job.spec,
+            estimate=job.estimate,
+            progress=Progress(
+                step=job.progress_step,
+                total=total,
+                epoch=job.epoch,
+                fraction=min(1.0, job.progress_step / total) if total else None,
+            ),
+            latest_metrics=job.latest_metrics,
+            final_metrics=job.final_metrics,
+            memory=MemoryComparison(estimated=estimated, measured=job.measured_memory),
+            error=error,
+            attempts=job.attempts,
+            cancel_requested=job.cancel_requested,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            updated_at=job.updated_at,
+            links=JobLinks(
+                self=base,
+                events=f"{base}/events",
+                metrics=f"{base}/metrics",
+                artifacts=f"{base}/artifacts",
+                cancel=f"{base}/cancel",
+            ),
+        )
+
+
+class JobList(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")
+
+
+class MetricPointOut(BaseModel):
+    seq: int
+    step: int
+    epoch: float | None
+    name: str
+    value: float | None
+    time: UtcDatetime
+
+
+class MetricPage(BaseModel):
+    items: list[MetricPointOut]
+    next_after: int = Field(description="Pass as `after` to continue; equal to `after` when nothing new.")
+    has_more: bool
+
+
+class Cursor(BaseModel):
+    """The keyset position of a list page (opaque to clients)."""
+
+    created_at: datetime
+    id: str

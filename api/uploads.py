@@ -1,0 +1,168 @@
+"""Dataset uploads: one CSV / JSON lines / Parquet file, or a zip of an image or audio folder.
+
+The upload is copied in chunks while it is hashed and measured, so a file over the limit stops at
+the limit (413). Zips are unpacked member by member into the dataset's own folder: absolute names,
+``..``, links and members that inflate past the limit are refused (zip slip, zip bombs).
+Layout: ``<data root>/uploads/<owner>/<dataset id>/<file>``, or ``.../<dataset id>/data/`` for a
+folder; jobs may name only their owner's uploads (api/paths.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import shutil
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.problems import Problem, problem_response, validation_problem
+from trainer_core.spec import FieldError
+
+UPLOADS_DIR = "uploads"
+CHUNK = 1 << 20
+FILE_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
+AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus"})
+# A zip may inflate to this many times the upload limit (images and audio barely compress).
+ZIP_INFLATE_FACTOR = 4
+MAX_ZIP_MEMBERS = 200_000
+# Room for the multipart envelope around the file when checking Content-Length.
+MULTIPART_SLACK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class StoredUpload:
+    format: str
+    content_hash: str
+    size_bytes: int
+    storage_path: str  # relative to the data root
+
+
+def dataset_dir(data_root: Path, owner: str, dataset_id: str) -> Path:
+    return data_root / UPLOADS_DIR / owner / dataset_id
+
+
+def too_large(limit_bytes: int) -> Problem:
+    return Problem(413, f"uploads are limited to {limit_bytes // (1 << 20)} MiB (TRAINJOBS_MAX_UPLOAD_MB)")
+
+
+def _bad_file(message: str) -> Problem:
+    return validation_problem([FieldError("file", message, "invalid_upload")], title="Invalid upload")
+
+
+def safe_filename(name: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(name.replace("\\", "/"))).lstrip(".")
+    return base[:200] or "upload"
+
+
+def copy_limited(src: BinaryIO, dest: Path, limit_bytes: int) -> tuple[str, int]:
+    """Copy ``src`` to ``dest`` hashing it; returns (sha256 hex, size). 413 past the limit."""
+    digest, size = hashlib.sha256(), 0
+    with dest.open("wb") as out:
+        while chunk := src.read(CHUNK):
+            size += len(chunk)
+            if size > limit_bytes:
+                raise too_large(limit_bytes)
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest(), size
+
+
+def _member_path(info: zipfile.ZipInfo) -> str | None:
+    """The member's safe relative path, None for entries to skip; raises for hostile names."""
+    name = info.filename.replace("\\", "/")
+    if stat.S_ISLNK(info.external_attr >> 16):
+        raise _bad_file(f"zip member {info.filename!r} is a link")
+    norm = posixpath.normpath(name)
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name) or norm == ".." or norm.startswith("../"):
+        raise _bad_file(f"zip member {info.filename!r} would land outside the dataset folder")
+    parts = norm.split("/")
+    if info.is_dir() or parts[0] == "__MACOSX" or any(p.startswith(".") for p in parts):
+        return None
+    return norm
+
+
+def folder_format(members: list[str]) -> str:
+    suffixes = {posixpath.splitext(m)[1].lower() for m in members}
+    images, audio = bool(suffixes & IMAGE_SUFFIXES), bool(suffixes & AUDIO_SUFFIXES)
+    if images == audio:
+        raise _bad_file("a zip must hold an image folder or an audio folder (one of them)")
+    return "imagefolder" if images else "audiofolder"
+
+
+def extract_zip(archive: Path, dest: Path, limit_bytes: int) -> str:
+    """Unpack a folder zip safely into ``dest``; returns its builder (imagefolder / audiofolder)."""
+    try:
+        zf = zipfile.ZipFile(archive)
+    except zipfile.BadZipFile as exc:
+        raise _bad_file("not a readable zip file") from exc
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > MAX_ZIP_MEMBERS:
+            raise _bad_file(f"a zip may hold at most {MAX_ZIP_MEMBERS} files")
+        members = [(info, path) for info in infos if (path := _member_path(info)) is not None]
+        fmt = folder_format([path for _, path in members])
+        budget = limit_bytes * ZIP_INFLATE_FACTOR
+        for info, path in members:
+            try:
+                budget = _extract_member(zf, info, dest / path, budget)
+            # corrupt data, encryption, unknown compression, a file where a folder should be
+            except (OSError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
+                raise _bad_file(f"zip member {info.filename!r} cannot be unpacked: {exc}") from exc
+            if budget < 0:
+                raise too_large(limit_bytes)
+    return fmt
+
+
+def _extract_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, budget: int) -> int:
+    """Write one member, counting real bytes (not the header's claim); returns the budget left."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zf.open(info) as src, target.open("wb") as out:
+        while (chunk := src.read(CHUNK)) and budget >= 0:
+            budget -= len(chunk)
+            out.write(chunk)
+    return budget
+
+
+def store_upload(src: BinaryIO, filename: str, dataset_dir: Path, data_root: Path, limit_bytes: int) -> StoredUpload:
+    """Store one upload under ``dataset_dir``; on any error nothing is left behind."""
+    name = safe_filename(filename)
+    suffix = posixpath.splitext(name)[1].lower()
+    if suffix != ".zip" and suffix not in FILE_FORMATS:
+        raise _bad_file(f"unsupported file type {suffix or name!r}: use .csv, .jsonl, .json, .parquet or .zip")
+    dataset_dir.mkdir(parents=True, exist_ok=False)
+    try:
+        target = dataset_dir / name
+        content_hash, size = copy_limited(src, target, limit_bytes)
+        if suffix == ".zip":
+            folder = dataset_dir / "data"
+            fmt = extract_zip(target, folder, limit_bytes)
+            target.unlink()
+            target = folder
+        else:
+            fmt = FILE_FORMATS[suffix]
+        return StoredUpload(fmt, content_hash, size, target.relative_to(data_root).as_posix())
+    except BaseException:
+        shutil.rmtree(dataset_dir, ignore_errors=True)
+        raise
+
+
+class UploadLimitMiddleware:
+    """Refuse an upload by its Content-Length before its body is read and spooled to disk."""
+
+    def __init__(self, app: ASGIApp, *, path: str, limit_bytes: int):
+        self.app, self.path, self.limit_bytes = app, path, limit_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path:
+            length = dict(scope["headers"]).get(b"content-length")
+            if length and length.isdigit() and int(length) > self.limit_bytes + MULTIPART_SLACK:
+                await problem_response(too_large(self.limit_bytes))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,63 @@
+"""API keys: stored hashed, bootstrap admin key, revocation."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.auth import authenticate, create_api_key, hash_key
+from api.db.models import ApiKey
+from api.main import create_app
+from api.settings import Settings
+from tests.api.conftest import Keys
+
+
+def test_keys_are_stored_as_hmac_only(session: Session, settings: Settings) -> None:
+    key = create_api_key(session, "carol", settings=settings)
+    session.commit()
+    row = session.execute(select(ApiKey).where(ApiKey.owner == "carol")).scalar_one()
+    assert row.key_hash == hash_key(key, settings.secret_key) != key
+    assert key not in (row.key_hash, row.prefix) and key.startswith(row.prefix)
+    caller = authenticate(session, key, settings.secret_key)
+    assert caller is not None and (caller.owner, caller.is_admin) == ("carol", False)
+    # the same key under another secret is a different hash: a stolen table is useless elsewhere
+    assert authenticate(session, key, settings.secret_key + "x") is None
+
+
+def test_owner_names_are_restricted(session: Session, settings: Settings) -> None:
+    with pytest.raises(ValueError, match="owner"):
+        create_api_key(session, "../evil", settings=settings)
+
+
+def test_revoked_key_is_401(client: TestClient, keys: Keys, session: Session, settings: Settings) -> None:
+    assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 200
+    row = session.execute(select(ApiKey).where(ApiKey.key_hash == hash_key(keys.bob, settings.secret_key))).scalar_one()
+    row.revoked_at = datetime.now(UTC)
+    session.commit()
+    assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 401
+
+
+def test_non_bearer_authorization_is_401(client: TestClient, keys: Keys) -> None:
+    response = client.get("/v1/jobs", headers={"Authorization": f"Basic {keys.alice}"})
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/problem+json"
+
+
+def test_bootstrap_key_from_settings_is_an_admin_key(settings: Settings, session: Session) -> None:
+    configured = settings.model_copy(update={"api_key": "tj_known-bootstrap-key"})
+    for _ in range(2):  # a restart registers nothing twice
+        with TestClient(create_app(configured)) as test_client:
+            response = test_client.get("/v1/jobs", headers=Keys.auth("tj_known-bootstrap-key"))
+            assert response.status_code == 200
+    rows = session.execute(select(ApiKey)).scalars().all()
+    assert [(r.owner, r.is_admin) for r in rows] == [("admin", True)]
+
+
+def test_production_refuses_default_secret(settings: Settings) -> None:
+    unsafe = settings.model_copy(update={"env": "production", "secret_key": "short", "api_key": None})
+    with pytest.raises(RuntimeError, match="TRAINJOBS_SECRET_KEY"):
+        create_app(unsafe)

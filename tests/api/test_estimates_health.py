@@ -1,0 +1,95 @@
+"""Memory estimates and the model catalog over HTTP; liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from api.settings import Settings
+from tests.api.conftest import Keys, make_spec
+from trainer_core.memory import catalog_ids, estimate_memory, plan_memory
+from trainer_core.spec import JobSpec
+
+BERT_LARGE = make_spec(name="bert-large", model={"name_or_path": "bert-large-uncased"})
+
+
+def test_estimate_matches_the_estimator(client: TestClient, keys: Keys) -> None:
+    response = client.post("/v1/estimates/memory", json={"spec": BERT_LARGE}, headers=keys.auth(keys.alice))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = estimate_memory(JobSpec.model_validate(BERT_LARGE))
+    assert body["estimate"]["total_bytes"] == expected.total_bytes
+    assert body["estimate"]["optimizer_state_bytes"] == expected.optimizer_state_bytes
+    assert {p["name"] for p in body["estimate"]["parts"]} == {p.name for p in expected.parts}
+    assert body["plan"] is None
+
+
+def test_estimate_with_budget_includes_the_plan(client: TestClient, keys: Keys) -> None:
+    body = {"spec": BERT_LARGE, "gpu_memory_gb": 1, "devices": 1}
+    response = client.post("/v1/estimates/memory", json=body, headers=keys.auth(keys.alice))
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["estimate"]["fits"] is False
+    expected = plan_memory(JobSpec.model_validate(BERT_LARGE), 1)
+    assert answer["plan"]["budget_bytes"] == expected.budget_bytes
+    assert len(answer["plan"]["entries"]) == len(expected.entries)
+
+
+def test_estimate_errors_name_the_field(client: TestClient, keys: Keys) -> None:
+    unknown = make_spec(model={"name_or_path": "nobody/no-such-model"})
+    response = client.post("/v1/estimates/memory", json={"spec": unknown}, headers=keys.auth(keys.alice))
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "model.name_or_path"
+    bad = client.post(
+        "/v1/estimates/memory", json={"spec": BERT_LARGE, "gpu_memory_gb": -1}, headers=keys.auth(keys.alice)
+    )
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "gpu_memory_gb"
+    nested = client.post(
+        "/v1/estimates/memory",
+        json={"spec": make_spec(optimizer={"name": "sgd"})},
+        headers=keys.auth(keys.alice),
+    )
+    assert nested.status_code == 422 and nested.json()["errors"][0]["field"] == "spec.optimizer.name"
+    assert client.post("/v1/estimates/memory", json={"spec": BERT_LARGE}).status_code == 401
+
+
+def test_catalog_lists_known_models(client: TestClient, keys: Keys) -> None:
+    items = client.get("/v1/models/catalog", headers=keys.auth(keys.alice)).json()["items"]
+    assert [item["id"] for item in items] == list(catalog_ids())
+    one = client.get("/v1/models/catalog/bert-large-uncased", headers=keys.auth(keys.alice))
+    assert one.status_code == 200 and one.json()["id"] == "bert-large-uncased"
+    assert client.get("/v1/models/catalog/no-such", headers=keys.auth(keys.alice)).status_code == 404
+    assert client.get("/v1/models/catalog").status_code == 401
+
+
+def test_healthz_and_readyz(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_readyz_is_503_when_the_broker_is_down(settings: Settings) -> None:
+    # Nothing listens on port 1: the broker check must fail fast and say so.
+    down = settings.model_copy(update={"broker_url_": "redis://127.0.0.1:1/0"})
+    from api.main import create_app
+
+    app: FastAPI = create_app(down)
+    with TestClient(app) as test_client:
+        response = test_client.get("/readyz")
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["checks"]["database"] == "ok"
+    assert response.json()["checks"]["broker"].startswith("error")
+
+
+def test_openapi_has_worked_examples_and_bearer_auth(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    assert schemas["JobCreate"]["examples"][0]["name"] == "reviews-minilm"
+    assert schemas["EstimateRequest"]["examples"][0]["gpu_memory_gb"] == 16
+    assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert "curl" in doc["paths"]["/v1/datasets"]["post"]["description"]
+    JobSpec.model_validate(
+        {k: v for k, v in schemas["JobCreate"]["examples"][0].items() if k not in ("priority", "queue")}
+    )

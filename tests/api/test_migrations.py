@@ -1,0 +1,71 @@
+"""``alembic upgrade head`` on an empty database gives exactly the models' schema."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, text
+
+from api.db.base import Base
+from tests.api.conftest import PG_SERVER
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    name = f"trainjobs_test_mig_{secrets.token_hex(6)}"
+    server = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with server.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        with server.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        server.dispose()
+
+
+def alembic_config(url: str) -> Config:
+    config = Config(str(REPO / "alembic.ini"))
+    config.set_main_option("sqlalchemy.url", url)
+    config.attributes["configure_logger"] = False
+    return config
+
+
+def test_upgrade_head_matches_the_models(empty_database: str) -> None:
+    command.upgrade(alembic_config(empty_database), "head")
+    engine = create_engine(empty_database)
+    with engine.connect() as conn:
+        differences = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+        tables = set(inspect(conn).get_table_names())
+    engine.dispose()
+    assert differences == []
+    assert tables == set(Base.metadata.tables) | {"alembic_version"}
+
+
+def test_downgrade_removes_everything(empty_database: str) -> None:
+    config = alembic_config(empty_database)
+    command.upgrade(config, "head")
+    command.downgrade(config, "base")
+    engine = create_engine(empty_database)
+    with engine.connect() as conn:
+        assert set(inspect(conn).get_table_names()) <= {"alembic_version"}
+    engine.dispose()
+
+
+def test_one_initial_revision() -> None:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    assert [rev.revision for rev in script.walk_revisions()] == ["0001"]

@@ -1,0 +1,103 @@
+"""What a job may read: data-root paths, hub ids and public URLs; the rest is a 422 naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.paths import address_problem, check_spec_locations
+from tests.api.conftest import Keys, make_spec
+from trainer_core.spec import JobSpec, SpecError
+
+ROOT = Path("/srv/data")
+
+
+def checked(**overrides: Any) -> dict[str, Any]:
+    return check_spec_locations(JobSpec.model_validate(make_spec(**overrides)), ROOT).model_dump(exclude_unset=True)
+
+
+def refused_fields(**overrides: Any) -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        checked(**overrides)
+    return [e.field for e in caught.value.errors]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "field"),
+    [
+        ({"path": "csv", "data_files": "/etc/passwd"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": {"train": "../alice/x.csv"}}, "dataset.data_files.train"),
+        ({"path": "csv", "data_files": ["ok.csv", "/srv/data/../secret.csv"]}, "dataset.data_files.1"),
+        ({"path": "csv", "data_files": "file:///srv/data/x.csv"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": "http://127.0.0.1:9000/x.csv"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": "http://localhost/x.csv"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": "http://10.1.2.3/x.csv"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": "http://169.254.169.254/latest/meta-data"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": "http://[::1]/x.csv"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": "http://2130706433/x.csv"}, "dataset.data_files"),
+        ({"path": "csv", "data_files": "ftp://example.org/x.csv"}, "dataset.data_files"),
+        ({"path": "imagefolder", "data_dir": "/home/bob/pics"}, "dataset.data_dir"),
+        ({"path": "/srv/other"}, "dataset.path"),
+    ],
+)
+def test_forbidden_dataset_locations(dataset: dict[str, Any], field: str) -> None:
+    assert refused_fields(dataset=dataset) == [field]
+
+
+def test_forbidden_model_locations() -> None:
+    assert refused_fields(model={"name_or_path": "/opt/models/bert"}) == ["model.name_or_path"]
+    assert refused_fields(model={"name_or_path": "bert-base-uncased", "tokenizer": "../tok"}) == ["model.tokenizer"]
+
+
+def test_every_bad_location_is_reported_at_once() -> None:
+    fields = refused_fields(
+        model={"name_or_path": "/root/m"},
+        dataset={"path": "csv", "data_files": {"train": "/etc/a.csv", "validation": "file:///b.csv"}},
+    )
+    assert fields == ["model.name_or_path", "dataset.data_files.train", "dataset.data_files.validation"]
+
+
+def test_allowed_locations_and_relative_paths_made_absolute(tmp_path: Path) -> None:
+    (tmp_path / "models" / "minilm").mkdir(parents=True)
+    spec = check_spec_locations(
+        JobSpec.model_validate(
+            make_spec(
+                model={"name_or_path": "models/minilm", "tokenizer": "bert-base-uncased"},
+                dataset={"path": "csv", "data_files": {"train": "r/train.csv", "validation": f"{tmp_path}/r/val.csv"}},
+            )
+        ),
+        tmp_path,
+    ).model_dump(exclude_unset=True)
+    assert spec["model"] == {"name_or_path": f"{tmp_path}/models/minilm", "tokenizer": "bert-base-uncased"}
+    assert spec["dataset"]["data_files"] == {"train": f"{tmp_path}/r/train.csv", "validation": f"{tmp_path}/r/val.csv"}
+    hub = checked(dataset={"path": "imdb"}, model={"name_or_path": "google/electra-small-discriminator"})
+    assert hub["dataset"]["path"] == "imdb"
+    assert hub["model"]["name_or_path"] == "google/electra-small-discriminator"
+    # data files of a hub dataset are relative to its repository, not to this machine
+    repo_files = checked(dataset={"path": "org/reviews", "data_files": "data/train.csv"})
+    assert repo_files["dataset"]["data_files"] == "data/train.csv"
+    public = checked(dataset={"path": "csv", "data_files": ["https://93.184.216.34/x.csv", "hf://datasets/o/r/a.csv"]})
+    assert public["dataset"]["data_files"] == ["https://93.184.216.34/x.csv", "hf://datasets/o/r/a.csv"]
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "10.0.0.1", "192.168.1.1", "172.16.0.1", "169.254.1.1", "::1", "0.0.0.0"]
+)
+def test_address_problem_refuses_internal_addresses(host: str) -> None:
+    assert address_problem(host) is not None
+
+
+def test_address_problem_allows_public_addresses() -> None:
+    assert address_problem("93.184.216.34") is None
+    assert address_problem("2606:4700::1111") is None
+
+
+def test_submit_with_forbidden_path_stores_nothing(client: TestClient, keys: Keys) -> None:
+    spec = make_spec(dataset={"path": "csv", "data_files": {"train": "/etc/passwd"}})
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "dataset.data_files.train"
+    assert client.get("/v1/jobs", headers=keys.auth(keys.alice)).json()["items"] == []

@@ -1,0 +1,72 @@
+"""``GET /metrics``: Prometheus text whose job figures follow the database as jobs move."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session
+
+from api.db.base import utcnow
+from api.db.jobstore import transition
+from api.db.models import JobStatus
+from tests.api.conftest import Keys, add_job
+
+
+def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    values = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def jobs(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], status: str) -> float:
+    return values[("trainjobs_jobs", (("status", status),))]
+
+
+def test_job_figures_move_with_the_jobs(client: TestClient, session: Session) -> None:
+    first = add_job(session, "alice", queue="gpu-24g")
+    add_job(session, "alice", queue="gpu-24g")
+    add_job(session, "bob", queue="default")
+    before = scrape(client)
+    assert jobs(before, "queued") == 3 and jobs(before, "running") == 0
+    assert before[("trainjobs_queue_depth", (("queue", "gpu-24g"),))] == 2
+    assert before[("trainjobs_queue_depth", (("queue", "default"),))] == 1
+
+    assert transition(session, first.id, JobStatus.running, worker="slot-a@host")
+    session.commit()
+    running = scrape(client)
+    assert jobs(running, "queued") == 2 and jobs(running, "running") == 1
+    assert running[("trainjobs_queue_depth", (("queue", "gpu-24g"),))] == 1
+    assert running[("trainjobs_worker_slots_busy", (("worker", "slot-a@host"),))] == 1
+
+    # A 45 s run: lands in the 60 s bucket, not the 30 s one.
+    assert transition(session, first.id, JobStatus.succeeded, started_at=utcnow() - timedelta(seconds=45))
+    session.commit()
+    done = scrape(client)
+    assert jobs(done, "running") == 0 and jobs(done, "succeeded") == 1
+    assert ("trainjobs_worker_slots_busy", (("worker", "slot-a@host"),)) not in done
+    assert done[("trainjobs_job_duration_seconds_count", ())] == 1
+    assert done[("trainjobs_job_duration_seconds_bucket", (("le", "30.0"),))] == 0
+    assert done[("trainjobs_job_duration_seconds_bucket", (("le", "60.0"),))] == 1
+    assert 44 <= done[("trainjobs_job_duration_seconds_sum", ())] <= 60
+
+
+def test_request_latency_is_labelled_by_route_template(client: TestClient, session: Session, keys: Keys) -> None:
+    job = add_job(session, "alice")
+    for _ in range(3):
+        assert client.get(f"/v1/jobs/{job.id}", headers=keys.auth(keys.alice)).status_code == 200
+    assert client.get("/v1/jobs/nope", headers=keys.auth(keys.alice)).status_code == 404
+    values = scrape(client)
+    ok = ("trainjobs_http_request_duration_seconds_count",
+          (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "200")))  # fmt: skip
+    missing = ("trainjobs_http_request_duration_seconds_count",
+               (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")))  # fmt: skip
+    assert values[ok] == 3 and values[missing] == 1
+    # Raw paths (job ids) never become labels: one series per route template.
+    assert not any(job.id in str(labels) for _, labels in values)
