@@ -1,0 +1,75 @@
+"""The one Celery configuration: reliability settings, priorities on Redis, the embedded broker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import redis
+from kombu import Connection
+
+from api.settings import Settings
+from worker.celery_app import TASK_NAME, celery_for, enqueue_job
+
+from .conftest import make_settings
+
+REDIS_URL = "redis://127.0.0.1:6379/13"
+
+
+def drain(settings: Settings, queue: str) -> list[tuple[str, str]]:
+    """(task name, job id) of every message on ``queue``, in delivery order."""
+    out: list[tuple[str, str]] = []
+    with celery_for(settings).connection_for_read() as conn, conn.SimpleQueue(queue) as q:
+        while True:
+            try:
+                message = q.get(timeout=1)
+            except q.Empty:
+                return out
+            out.append((message.headers["task"], message.payload[0][0]))
+            message.ack()
+
+
+def test_reliability_settings_are_spelled_out(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, BROKER_URL=REDIS_URL, TRAINJOBS_MAX_JOB_HOURS="10")
+    conf = celery_for(settings).conf
+    assert conf.task_serializer == "json" and conf.accept_content == ["json"]
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost
+    assert conf.worker_prefetch_multiplier == 1 and conf.task_ignore_result
+    # Redis must never hand a still-running job to another worker: longer than the longest job.
+    assert conf.broker_transport_options["visibility_timeout"] > 10 * 3600
+
+
+def test_redis_delivers_higher_priority_first(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, BROKER_URL=REDIS_URL)
+    queue = f"prio-{uuid.uuid4().hex[:8]}"
+    try:
+        for job_id, priority in (("low", 0), ("high", 9), ("mid", 5), ("low2", 0)):
+            enqueue_job(job_id, queue, priority, settings)
+        assert drain(settings, queue) == [(TASK_NAME, "high"), (TASK_NAME, "mid"), (TASK_NAME, "low"),
+                                          (TASK_NAME, "low2")]  # fmt: skip
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(match=f"*{queue}*"):
+            client.delete(key)
+
+
+def test_embedded_broker_keeps_jobs_in_submission_order(tmp_path: Path) -> None:
+    # kombu's SQLAlchemy transport has no priorities (documented): first in, first out.
+    settings = make_settings(tmp_path)
+    assert settings.broker_url.startswith("sqla+sqlite:///")
+    queue = "embedded"
+    for job_id, priority in (("a", 0), ("b", 9), ("c", 5)):
+        enqueue_job(job_id, queue, priority, settings)
+    # A separate connection (another process would see the same): the messages are in the file.
+    with Connection(settings.broker_url) as conn, conn.SimpleQueue(queue) as q:
+        first = q.get(timeout=5)
+        assert first.payload[0] == ["a"]
+        first.ack()
+    assert drain(settings, queue) == [(TASK_NAME, "b"), (TASK_NAME, "c")]
+
+
+def test_enqueueing_does_not_load_torch() -> None:
+    code = "import sys, worker.celery_app; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,0 +1,37 @@
+"""`--gpus 0,1` starts one worker slot per GPU, each seeing only its own device; slots get the
+worker's settings through their environment and stop on request."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from worker.main import start_slots, stop_slots
+
+from .conftest import make_settings
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def test_one_slot_per_gpu_with_its_device(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, ARTIFACTS_ROOT=str(tmp_path / "store"))
+    procs = start_slots(["slot-test"], ["0", "1"], settings)
+    try:
+        assert len(procs) == 2
+        envs = [environ_of(p.pid) for p in procs]
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1"]
+        assert all(e["TRAINJOBS_HOME"] == str(tmp_path) for e in envs)
+        assert all(e["ARTIFACTS_ROOT"] == str(tmp_path / "store") for e in envs)
+        assert all("DATABASE_URL" not in e for e in envs)  # unset in the settings: the default applies
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "broker.db").exists():  # the slots connected to the embedded broker
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.2)
+        time.sleep(3)  # and finished starting (signal handlers installed)
+        assert all(p.poll() is None for p in procs)  # both slots are up and serving
+    finally:
+        stop_slots(procs, timeout_s=30)
+    assert [p.returncode for p in procs] == [0, 0]  # a warm shutdown, not a kill

@@ -1,0 +1,178 @@
+"""Turn a run's events into database rows: job events, metric points and the job's live fields.
+
+Events are buffered and written in small batches (one transaction per batch), in the order the run
+emitted them. Each stored event gets the next ``seq`` of its job; the metric points of a ``metric``
+or ``eval`` event (one row per value name) share that event's ``seq``, so "points after seq S" and
+"events after Last-Event-ID S" mean the same thing.
+
+Progress events arrive every step; rows for them are throttled to a few per second, but the job's
+``progress_step`` always follows the newest one and the last progress event is always stored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from api.db.jobstore import add_events
+from api.db.models import Job, MetricPoint
+from trainer_core.events import Event
+
+SessionFactory = Callable[[], AbstractContextManager[Session]]
+
+STORED_KINDS = ("progress", "metric", "eval", "memory", "log")
+PROGRESS_ROWS_PER_SECOND = 5.0
+
+
+def event_time(event: Event) -> datetime | None:
+    """The event's own UTC timestamp (``time``), or None when it has none or it does not parse."""
+    raw = event.get("time")
+    if not isinstance(raw, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def event_data(event: Event) -> dict[str, Any]:
+    """What a stored event row keeps: everything but the kind and the time (they have columns)."""
+    return {k: v for k, v in event.items() if k not in ("event", "time")}
+
+
+def metric_values(event: Event) -> dict[str, float | None]:
+    values = event.get("values") or {}
+    out: dict[str, float | None] = {}
+    for name, value in values.items():
+        if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+            out[str(name)] = None if value is None else float(value)
+    return out
+
+
+class EventIngestor:
+    """Buffers a job's run events and writes them in batches through ``session_factory``."""
+
+    def __init__(
+        self,
+        job_id: str,
+        session_factory: SessionFactory,
+        *,
+        max_batch: int = 50,
+        flush_interval_s: float = 0.2,
+        progress_rows_per_s: float = PROGRESS_ROWS_PER_SECOND,
+    ) -> None:
+        self.job_id = job_id
+        self.session_factory = session_factory
+        self.max_batch = max_batch
+        self.flush_interval_s = flush_interval_s
+        self.min_progress_gap_s = 1.0 / progress_rows_per_s if progress_rows_per_s > 0 else 0.0
+        self.pending: list[Event] = []
+        self.held_progress: Event | None = None  # newest progress event not stored yet (throttled)
+        self.last_progress_row_at = float("-inf")
+        self.last_flush_at = time.monotonic()
+        self.events_stored = 0
+        self.latest_metrics: dict[str, Any] = {}
+        self.measured_memory: dict[str, Any] | None = None
+
+    def add(self, event: Event) -> None:
+        """Queue one event (``done`` is the supervisor's business and is not stored here)."""
+        kind = event.get("event")
+        if kind not in STORED_KINDS:
+            return
+        if kind == "progress":
+            now = time.monotonic()
+            if now - self.last_progress_row_at < self.min_progress_gap_s:
+                self.held_progress = event
+                return
+            self.last_progress_row_at = now
+            self.held_progress = None
+        elif self.held_progress is not None:
+            # Keep order: a held progress event goes out before anything that came after it.
+            self.pending.append(self.held_progress)
+            self.held_progress = None
+            self.last_progress_row_at = time.monotonic()
+        self.pending.append(event)
+
+    def due(self) -> bool:
+        """Whether a batch should be written now (size or age reached)."""
+        if len(self.pending) >= self.max_batch:
+            return True
+        waiting = bool(self.pending) or self.held_progress is not None
+        return waiting and time.monotonic() - self.last_flush_at >= self.flush_interval_s
+
+    def flush(self, *, final: bool = False) -> int:
+        """Write what is buffered in one transaction; ``final`` also writes a held progress event."""
+        if self.held_progress is not None and (
+            final or time.monotonic() - self.last_progress_row_at >= self.min_progress_gap_s
+        ):
+            self.pending.append(self.held_progress)
+            self.held_progress = None
+            self.last_progress_row_at = time.monotonic()
+        self.last_flush_at = time.monotonic()
+        held = self.held_progress
+        if not self.pending and held is None:
+            return 0
+        batch, self.pending = self.pending, []
+        with self.session_factory() as session:
+            self._write(session, batch)
+            if held is not None:
+                # Not stored as a row yet (throttled), but the job's fields follow it already.
+                session.execute(update(Job).where(Job.id == self.job_id).values(**self._progress_fields(held)))
+        self.events_stored += len(batch)
+        return len(batch)
+
+    def _write(self, session: Session, batch: list[Event]) -> None:
+        if not batch:
+            return
+        rows = [(str(e["event"]), event_data(e), event_time(e)) for e in batch]
+        last_seq = add_events(session, self.job_id, rows)
+        first_seq = last_seq - len(batch) + 1
+        fields: dict[str, Any] = {}
+        points: list[MetricPoint] = []
+        for offset, event in enumerate(batch):
+            kind = event["event"]
+            if kind == "progress":
+                fields.update(self._progress_fields(event))
+            elif kind in ("metric", "eval"):
+                values = metric_values(event)
+                self.latest_metrics.update(values)
+                step = int(event.get("step") or 0)
+                epoch = event.get("epoch")
+                time_ = event_time(event)
+                points.extend(
+                    MetricPoint(
+                        job_id=self.job_id,
+                        seq=first_seq + offset,
+                        step=step,
+                        epoch=float(epoch) if epoch is not None else None,
+                        name=name,
+                        value=value,
+                        **({"time": time_} if time_ else {}),
+                    )
+                    for name, value in values.items()
+                )
+                fields["latest_metrics"] = dict(self.latest_metrics)
+            elif kind == "memory":
+                self.measured_memory = dict(event.get("values") or {})
+                fields["measured_memory"] = self.measured_memory
+        session.add_all(points)
+        if fields:
+            session.execute(update(Job).where(Job.id == self.job_id).values(**fields))
+
+    @staticmethod
+    def _progress_fields(event: Event) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if event.get("step") is not None:
+            fields["progress_step"] = int(event["step"])
+        if event.get("total_steps") is not None:
+            fields["progress_total"] = int(event["total_steps"])
+        if event.get("epoch") is not None:
+            fields["epoch"] = float(event["epoch"])
+        return fields

@@ -1,0 +1,133 @@
+"""Start a worker: one Celery slot per GPU (or one on the CPU), after recovering orphaned jobs.
+
+Each slot is a ``celery -A worker.celery_app worker`` process with the solo pool (one job at a time;
+the job itself runs in its own process group anyway) and ``CUDA_VISIBLE_DEVICES`` set to its GPU.
+Slots get the settings through the environment, so a slot sees exactly what ``run_worker`` was given.
+Slots run in their own sessions: a Ctrl-C reaches only this process, which then asks every slot for a
+warm shutdown (their running jobs checkpoint and go back to the queue) and waits for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+from api.settings import Settings, get_settings
+from worker.recovery import recover_orphaned_jobs
+
+log = logging.getLogger(__name__)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment variables that reproduce ``settings`` in a child process."""
+    env: dict[str, str] = {}
+    for name, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        value = getattr(settings, name)
+        if not isinstance(alias, str) or value is None:
+            continue
+        env[alias] = json.dumps(value) if isinstance(value, dict | list) else str(value)
+    return env
+
+
+def slot_command(queues: Sequence[str], name: str, loglevel: str = "INFO") -> list[str]:
+    """The command line of one slot: a solo-pool Celery worker consuming ``queues``."""
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+        "--queues", ",".join(queues), "--pool", "solo", "--concurrency", "1",
+        "--hostname", f"{name}-{os.getpid()}@%h", "--loglevel", loglevel,
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+
+
+def start_slots(
+    queues: Sequence[str], gpus: Sequence[str] | None, settings: Settings, loglevel: str = "INFO"
+) -> list[subprocess.Popen[bytes]]:
+    """Start one slot per GPU (``gpus``), or a single slot when there are none."""
+    aliases = {info.validation_alias for info in Settings.model_fields.values()}
+    # Only what `settings` says: a variable of this process that it overrides with None must go.
+    base_env = {k: v for k, v in os.environ.items() if k not in aliases}
+    base_env.update(settings_env(settings))
+    procs = []
+    slots: list[str | None] = list(gpus) if gpus else [None]
+    for gpu in slots:
+        env = dict(base_env)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        name = f"gpu{gpu}" if gpu is not None else "cpu"
+        procs.append(subprocess.Popen(slot_command(queues, name, loglevel), env=env, start_new_session=True))
+    return procs
+
+
+def stop_slots(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """Warm-shut every slot down (SIGTERM), then kill whatever is still there after ``timeout_s``."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("worker slot %d did not stop in %.0fs: killing it", proc.pid, timeout_s)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_worker(
+    queues: list[str], gpus: list[str] | None = None, settings: Settings | None = None, *, loglevel: str = "INFO"
+) -> int:
+    """Serve ``queues`` until SIGTERM/SIGINT; blocks and returns an exit status.
+
+    ``gpus`` (e.g. ``["0", "1"]``) starts one slot per GPU with ``CUDA_VISIBLE_DEVICES`` set; None
+    or empty starts one slot (CPU, or whatever devices the environment shows). Jobs left ``running``
+    by a dead worker are requeued or failed first (:func:`worker.recovery.recover_orphaned_jobs`).
+    """
+    settings = settings or get_settings()
+    if not queues:
+        raise ValueError("queues: give at least one queue name")
+    recovered = recover_orphaned_jobs(settings)
+    if recovered:
+        log.info("recovered orphaned jobs: %s", recovered)
+    procs = start_slots(queues, gpus, settings, loglevel)
+    stopping = False
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.2)
+    finally:
+        # Running jobs get the cancel grace period to checkpoint, plus time to write it down.
+        stop_slots(procs, settings.cancel_grace_seconds + 30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    failed = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGTERM)]
+    return 1 if failed and not stopping else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.main", description="Run trainjobs worker slots.")
+    parser.add_argument("--queues", default=None, help="comma-separated queue names (default: the default queue)")
+    parser.add_argument("--gpus", default=None, help="comma-separated GPU ids, one slot each (e.g. 0,1)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = get_settings()
+    queues = args.queues.split(",") if args.queues else [settings.default_queue]
+    gpus = args.gpus.split(",") if args.gpus else None
+    return run_worker(queues, gpus, settings)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,233 @@
+"""Run one job's training in its own process group and watch it until it ends.
+
+The run is the ``trainer_core`` CLI (``trainjobs train SPEC --jsonl``; it starts torchrun itself
+when the spec asks for several processes). Its stdout carries one JSON event per line, read as they
+come and handed to :class:`worker.ingest.EventIngestor`; its stderr goes to ``worker.log``.
+
+Stopping (a user's cancel or the worker shutting down) asks the run to stop the way it understands:
+the stop file and SIGTERM, after which it finishes the step, checkpoints and reports ``done`` /
+``cancelled``. A run that has not exited after the grace period gets SIGKILL for its whole process
+group, and the group is always swept when the run ends, so no training process outlives its job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import select, update
+
+from api.db.base import utcnow
+from api.db.models import Job
+from trainer_core.events import Event, parse_event_line
+from worker.ingest import EventIngestor, SessionFactory
+from worker.outcome import RunOutcome, classify_exit, stderr_tail
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.5
+HEARTBEAT_S = 5.0
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where one job's run reads and writes on this worker."""
+
+    work_dir: Path  # settings.home/runs/<job_id>: spec, pid file, stop file, log
+    output_dir: Path  # what the trainer writes (the artifacts folder itself when that is local)
+    cache_dir: Path  # preprocessing cache, shared by all jobs on this worker
+
+    @property
+    def spec_file(self) -> Path:
+        return self.work_dir / "spec.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.work_dir / "worker.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.work_dir / "run.pid"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.work_dir / "STOP"
+
+
+def train_command(paths: RunPaths, *, resume: bool) -> list[str]:
+    """The command line of a run (the trainjobs CLI under the worker's own interpreter)."""
+    cmd = [
+        sys.executable, "-m", "trainjobs.cli", "train", str(paths.spec_file),
+        "--output-dir", str(paths.output_dir), "--jsonl",
+        "--cache-dir", str(paths.cache_dir), "--stop-file", str(paths.stop_file),
+    ]  # fmt: skip
+    if resume:
+        cmd.append("--resume")
+    return cmd
+
+
+def _read_lines(stream: IO[str], out: queue.Queue[str | None]) -> None:
+    for line in stream:
+        out.put(line)
+    out.put(None)
+
+
+def kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Signal a whole process group; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def supervise_run(
+    job_id: str,
+    paths: RunPaths,
+    session_factory: SessionFactory,
+    *,
+    resume: bool = False,
+    grace_s: float = 30.0,
+    should_stop: Callable[[], bool] = lambda: False,
+    estimate: dict[str, Any] | None = None,
+) -> RunOutcome:
+    """Start the run, stream its events into the database, stop it when asked; returns how it ended."""
+    watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop)
+    returncode = watch.run(resume=resume)
+    tail = stderr_tail(paths.log_file, watch.log_start)
+    return classify_exit(watch.done, returncode, watch.stopped_by, tail, estimate)
+
+
+class RunWatch:
+    """One run's life: start it, pump its events, poll for a stop, sweep its process group."""
+
+    def __init__(
+        self,
+        job_id: str,
+        paths: RunPaths,
+        session_factory: SessionFactory,
+        *,
+        grace_s: float,
+        should_stop: Callable[[], bool],
+    ) -> None:
+        self.job_id, self.paths, self.session_factory = job_id, paths, session_factory
+        self.grace_s, self.should_stop = grace_s, should_stop
+        self.ingestor = EventIngestor(job_id, session_factory)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.done: Event | None = None
+        self.stopped_by: str | None = None
+        self.kill_at: float | None = None
+        self.log_start = 0
+        self.chatter: deque[str] = deque(maxlen=2000)  # stray stdout lines, kept for the log
+
+    def start(self, resume: bool) -> subprocess.Popen[str]:
+        paths = self.paths
+        paths.work_dir.mkdir(parents=True, exist_ok=True)
+        paths.output_dir.mkdir(parents=True, exist_ok=True)
+        paths.stop_file.unlink(missing_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with paths.log_file.open("ab") as log_handle:
+            self.log_start = log_handle.tell()
+            proc = subprocess.Popen(
+                train_command(paths, resume=resume), stdout=subprocess.PIPE, stderr=log_handle,
+                stdin=subprocess.DEVNULL, text=True, bufsize=1, env=env, start_new_session=True,
+            )  # fmt: skip
+        paths.pid_file.write_text(str(proc.pid), encoding="utf-8")
+        assert proc.stdout is not None
+        threading.Thread(target=_read_lines, args=(proc.stdout, self.lines), daemon=True).start()
+        return proc
+
+    def run(self, resume: bool) -> int:
+        """Watch the run to its end; returns its exit status (negative: killed by that signal)."""
+        proc = self.start(resume)
+        next_poll = next_heartbeat = time.monotonic()
+        try:
+            while True:
+                try:
+                    line = self.lines.get(timeout=0.05)
+                except queue.Empty:
+                    line = ""
+                    if proc.poll() is not None:
+                        # The run is gone but its stdout is still open: a leftover child holds it.
+                        kill_group(proc.pid)
+                if line is None:
+                    break
+                self.handle_line(line)
+                now = time.monotonic()
+                if self.stopped_by is None and now >= next_poll:
+                    next_poll = now + CANCEL_POLL_S
+                    self.check_stop(proc, now)
+                if self.kill_at is not None and now >= self.kill_at and proc.poll() is None:
+                    log.warning("job %s: run alive %.0fs after SIGTERM, killing its group", self.job_id, self.grace_s)
+                    kill_group(proc.pid)
+                    self.kill_at = None
+                if now >= next_heartbeat:
+                    next_heartbeat = now + HEARTBEAT_S
+                    self.heartbeat()
+            return proc.wait()
+        finally:
+            self.finish(proc)
+
+    def handle_line(self, line: str) -> None:
+        if line:
+            event = parse_event_line(line)
+            if event is None:
+                self.chatter.append(line)
+            elif event["event"] == "done":
+                self.done = event
+            else:
+                self.ingestor.add(event)
+        if self.ingestor.due():
+            self.ingestor.flush()
+
+    def check_stop(self, proc: subprocess.Popen[str], now: float) -> None:
+        """A user's cancel or the worker's shutdown: ask the run to checkpoint and stop."""
+        self.stopped_by = _stop_reason(self.session_factory, self.job_id, self.should_stop)
+        if self.stopped_by is not None:
+            log.info("job %s: stopping its run (%s)", self.job_id, self.stopped_by)
+            self.paths.stop_file.touch()
+            _signal(proc, signal.SIGTERM)
+            self.kill_at = now + self.grace_s
+
+    def heartbeat(self) -> None:
+        # Recovery tells a live job from an orphan by this timestamp.
+        with self.session_factory() as session:
+            session.execute(update(Job).where(Job.id == self.job_id).values(updated_at=utcnow()))
+
+    def finish(self, proc: subprocess.Popen[str]) -> None:
+        if proc.poll() is None:  # we are leaving on an error: do not leave the run behind
+            _signal(proc, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=self.grace_s)
+        # Sweep the group: dataloader workers or torchrun ranks must not outlive the run.
+        kill_group(proc.pid)
+        proc.wait()
+        self.ingestor.flush(final=True)
+        if self.chatter:
+            with self.paths.log_file.open("a", encoding="utf-8") as handle:
+                handle.writelines(self.chatter)
+        self.paths.pid_file.unlink(missing_ok=True)
+
+
+def _signal(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+def _stop_reason(session_factory: SessionFactory, job_id: str, should_stop: Callable[[], bool]) -> str | None:
+    with session_factory() as session:
+        cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
+    if cancel:
+        return "cancel"
+    if should_stop():
+        return "shutdown"
+    return None

@@ -1,0 +1,54 @@
+"""The Celery task: a job id in, :func:`worker.execute.execute_job` called, nothing returned.
+
+The database holds the job; the message holds only its id, validated here before anything runs.
+When the worker is asked to shut down while a job runs, the run is told to checkpoint and stop and
+the job goes back to the queue (see ``execute_job``'s ``should_stop``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import signals
+from celery.exceptions import Reject
+from pydantic import BaseModel, Field
+
+from api.logging import configure_logging, job_context
+from api.settings import get_settings
+from worker.celery_app import TASK_NAME, app
+from worker.execute import execute_job
+
+log = logging.getLogger(__name__)
+
+# Set from Celery's shutdown signal handler in this (solo-pool) worker process, read by the running
+# job's supervisor loop: a threading.Event is safe to set from a signal handler.
+_shutting_down = threading.Event()
+
+
+class RunJobMessage(BaseModel):
+    job_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$")
+
+
+@signals.setup_logging.connect
+def _setup_logging(**_: Any) -> None:
+    # Structured logs instead of Celery's (JSON off a terminal); connecting here stops Celery's own.
+    configure_logging()
+
+
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    _shutting_down.set()
+
+
+@app.task(name=TASK_NAME, ignore_result=True)
+def run_job(job_id: str) -> None:
+    """Run job ``job_id`` if it is still queued (a redelivery of a started job is ignored)."""
+    message = RunJobMessage(job_id=job_id)
+    if _shutting_down.is_set():
+        # A message taken while the worker stops (it still drains one): hand it back untouched
+        # rather than start a run only to stop it again.
+        raise Reject("worker shutting down", requeue=True)
+    with job_context(message.job_id, process_wide=True):  # job_id on every line logged meanwhile
+        execute_job(message.job_id, get_settings(), should_stop=_shutting_down.is_set)
