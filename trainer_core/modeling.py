@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -24,6 +25,10 @@ MODEL_CLASSES: dict[str, Any] = {
     "image-classification": AutoModelForImageClassification,
     "audio-classification": AutoModelForAudioClassification,
 }
+
+# Master weights stay fp32 whatever dtype a checkpoint or config names: mixed precision is autocast's
+# job (fp32 weights and gradients), and the memory estimator counts parameters at this dtype.
+MASTER_DTYPE = torch.float32
 
 
 def config_from_dict(config: dict[str, Any]) -> PretrainedConfig:
@@ -63,7 +68,11 @@ def build_model(task: Task, model: ModelSpec, labels: list[str]) -> nn.Module:
     cls = MODEL_CLASSES[task]
     config = resolve_config(model, labels)
     if model.config is not None:
-        return cls.from_config(config)
+        return cls.from_config(config, dtype=MASTER_DTYPE)
     return cls.from_pretrained(
-        model.name_or_path, config=config, revision=model.revision, ignore_mismatched_sizes=True
+        model.name_or_path,
+        config=config,
+        revision=model.revision,
+        ignore_mismatched_sizes=True,
+        dtype=MASTER_DTYPE,
     )

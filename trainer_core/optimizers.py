@@ -89,16 +89,21 @@ def build_optimizer(
     if spec.name == "adamw_8bit":
         import bitsandbytes as bnb
 
-        manager = bnb.optim.GlobalOptimManager.get_instance()
-        for module in embedding_modules(model):
-            manager.register_module_override(module, "weight", {"optim_bits": 32})
-        return bnb.optim.AdamW8bit(
+        optimizer = bnb.optim.AdamW8bit(
             groups,
             lr=learning_rate,
             betas=(spec.adam_beta1, spec.adam_beta2),
             eps=spec.adam_epsilon,
             min_8bit_size=BNB_MIN_8BIT_SIZE,
         )
+        # bnb's GlobalOptimManager is process-wide and keys overrides by (group, index): a second
+        # optimizer in the same process would inherit the first one's 32-bit slots. Give each its own.
+        manager = object.__new__(bnb.optim.GlobalOptimManager)
+        manager.initialize()
+        for module in embedding_modules(model):
+            manager.register_module_override(module, "weight", {"optim_bits": 32})
+        optimizer.mng = manager
+        return optimizer
     raise ValueError(f"unknown optimizer {spec.name!r}")  # unreachable: the spec's Literal forbids it
 
 

@@ -1,0 +1,170 @@
+"""``estimate_memory``: per-device training memory of a job spec, part by part, with formulas.
+
+Total per device = parameters + gradients + optimizer state + overhead + DDP buckets
++ max(forward/backward: activations + autocast weight copies, optimizer step: its largest temporary).
+The two phases do not overlap: activations are freed by the time the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel
+
+from trainer_core.memory.activations import estimate_activations
+from trainer_core.memory.optimizer_state import optimizer_memory
+from trainer_core.memory.parameters import ModelStructure, model_structure
+from trainer_core.spec import FieldError, JobSpec, SpecError
+
+GIB = 1024**3
+MIB = 1024**2
+# CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation: memory the job needs that
+# torch.cuda.max_memory_allocated does not count. Override per call or with the environment variable.
+DEFAULT_OVERHEAD_BYTES = 1 * GIB
+OVERHEAD_ENV = "TRAINJOBS_MEMORY_OVERHEAD_BYTES"
+# DistributedDataParallel's default bucket_cap_mb; the buckets together hold one copy of every
+# gradient (accelerate does not set gradient_as_bucket_view), so their sum is the gradient size.
+DDP_BUCKET_CAP_BYTES = 25 * MIB
+FP32 = 4
+TOTAL_FORMULA = (
+    "parameters + gradients + optimizer_state + overhead + ddp_buckets"
+    " + max(activations + autocast_copies, optimizer_step_temporary)"
+)
+
+
+class MemoryPart(BaseModel):
+    """One line of the breakdown."""
+
+    name: str
+    bytes: int
+    formula: str
+    note: str | None = None
+
+
+class MemoryEstimate(BaseModel):
+    """Per-device memory of a training job; JSON-serialisable with ``model_dump(mode="json")``."""
+
+    model: str
+    parameters: int
+    trainable_parameters: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    optimizer_state_mb: int
+    activation_bytes: int
+    transient_bytes: int
+    overhead_bytes: int
+    ddp_bucket_bytes: int
+    total_bytes: int
+    devices: int
+    parts: list[MemoryPart]
+    gpu_memory_bytes: int | None = None
+    fits: bool | None = None
+
+
+def default_overhead_bytes() -> int:
+    """The overhead constant: ``TRAINJOBS_MEMORY_OVERHEAD_BYTES`` if set, else 1 GiB."""
+    value = os.environ.get(OVERHEAD_ENV)
+    return int(value) if value else DEFAULT_OVERHEAD_BYTES
+
+
+def autocast_copy_bytes(structure: ModelStructure, spec: JobSpec) -> int:
+    """16-bit copies autocast makes of Linear/Conv weights; cached for the forward, saved for backward."""
+    if spec.efficiency.mixed_precision == "no":
+        return 0
+    return sum(2 * t.numel for t in structure.tensors if t.autocast)
+
+
+def estimate_memory(
+    spec: JobSpec,
+    *,
+    devices: int | None = None,
+    gpu_memory_gb: float | None = None,
+    overhead_bytes: int | None = None,
+    num_labels: int | None = None,
+) -> MemoryEstimate:
+    """Estimate per-device training memory of ``spec``.
+
+    ``devices`` defaults to ``spec.resources.num_processes``, the budget ``gpu_memory_gb`` (GiB) to
+    ``spec.resources.gpu_memory_gb``, ``num_labels`` to the config's own (else 2): the estimator
+    never reads the dataset. Raises :class:`~trainer_core.memory.UnknownModelError` for a model it
+    cannot resolve, :class:`~trainer_core.spec.SpecError` for settings the model cannot run.
+    """
+    structure = model_structure(spec.model, spec.task, num_labels)
+    if spec.efficiency.gradient_checkpointing and not structure.supports_gradient_checkpointing:
+        raise SpecError(
+            [
+                FieldError(
+                    "efficiency.gradient_checkpointing",
+                    f"{structure.model_type} models do not support gradient checkpointing",
+                )
+            ]
+        )
+    n_devices = devices if devices is not None else spec.resources.num_processes
+    budget_gb = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
+    overhead = overhead_bytes if overhead_bytes is not None else default_overhead_bytes()
+
+    param_bytes = sum(t.numel * t.itemsize for t in structure.tensors)
+    frozen_bytes = (structure.parameters - structure.trainable_parameters) * FP32
+    grad_bytes = param_bytes  # gradients have the parameters' (fp32 master) dtype
+    opt = optimizer_memory(structure.tensors, spec.optimizer)
+    act = estimate_activations(structure, spec)
+    casts = autocast_copy_bytes(structure, spec)
+    ddp = grad_bytes if n_devices > 1 else 0
+    transient = max(casts, opt.step_temporary_bytes)
+    peak_phase = max(act.bytes + casts, opt.step_temporary_bytes)
+    total = param_bytes + frozen_bytes + grad_bytes + opt.state_bytes + peak_phase + overhead + ddp
+
+    parts = [
+        MemoryPart(name="parameters", bytes=param_bytes + frozen_bytes, formula="sum of numel x 4 B (fp32 master)"),
+        MemoryPart(name="gradients", bytes=grad_bytes, formula="trainable numel x 4 B"),
+        MemoryPart(name="optimizer_state", bytes=opt.state_bytes, formula=opt.state_formula, note=spec.optimizer.name),
+        MemoryPart(name="activations", bytes=act.bytes, formula=act.formula, note="one micro-batch"),
+        MemoryPart(
+            name="autocast_copies",
+            bytes=casts,
+            formula="2 B x numel of Linear/Conv parameters (16-bit autocast copies)",
+            note="forward/backward phase",
+        ),
+        MemoryPart(
+            name="optimizer_step_temporary",
+            bytes=opt.step_temporary_bytes,
+            formula=opt.step_temporary_formula,
+            note="optimizer-step phase; the total counts the larger phase",
+        ),
+        MemoryPart(name="overhead", bytes=overhead, formula=f"constant ({OVERHEAD_ENV} or overhead_bytes)"),
+        MemoryPart(
+            name="ddp_buckets",
+            bytes=ddp,
+            formula="one bucketed copy of the gradients when devices > 1 (25 MiB buckets)",
+        ),
+    ]
+    budget = int(budget_gb * GIB) if budget_gb is not None else None
+    return MemoryEstimate(
+        model=structure.source,
+        parameters=structure.parameters,
+        trainable_parameters=structure.trainable_parameters,
+        parameter_bytes=param_bytes + frozen_bytes,
+        gradient_bytes=grad_bytes,
+        optimizer_state_bytes=opt.state_bytes,
+        optimizer_state_mb=round(opt.state_bytes / MIB),
+        activation_bytes=act.bytes,
+        transient_bytes=transient,
+        overhead_bytes=overhead,
+        ddp_bucket_bytes=ddp,
+        total_bytes=total,
+        devices=n_devices,
+        parts=parts,
+        gpu_memory_bytes=budget,
+        fits=None if budget is None else total <= budget,
+    )
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes in binary units, e.g. ``1.50 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
