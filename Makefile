@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make run` and `make test`. Both build .venv themselves.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+# VENV may point at an existing environment (the fresh-clone test reuses the suite's).
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 

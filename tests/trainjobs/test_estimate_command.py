@@ -1,0 +1,60 @@
+"""``trainjobs estimate``: the table, the JSON object, the budget's plan, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainjobs.cli import main
+from trainjobs.commands.estimate import parse_memory
+
+
+def write_spec(tmp_path: Path, model: str, batch: int = 8) -> Path:
+    spec = {
+        "name": "cli-estimate",
+        "task": "text-classification",
+        "model": {"name_or_path": model},
+        "dataset": {"path": "csv", "data_files": {"train": "train.csv"}},
+        "training": {"per_device_train_batch_size": batch},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_table_lists_parts_and_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path, "bert-large-uncased", batch=32)
+    assert main(["estimate", str(spec), "--gpu-memory", "8GiB"]) == 0
+    out = capsys.readouterr().out
+    for part in ("parameters", "gradients", "optimizer_state", "activations", "overhead", "total per device"):
+        assert part in out
+    assert "does NOT fit in 8.00 GiB" in out
+    assert "settings that fit, fastest first:" in out and "optimizer.name=adamw_8bit" in out
+
+
+def test_json_has_the_headline_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path, "distilbert-base-uncased")
+    assert main(["estimate", str(spec), "--json", "--devices", "2", "--gpu-memory", "24"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    keys = ["parameters", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "activation_bytes",
+            "transient_bytes", "overhead_bytes", "total_bytes"]  # fmt: skip
+    assert all(isinstance(payload[k], int) for k in keys)
+    assert payload["devices"] == 2 and payload["ddp_bucket_bytes"] == payload["gradient_bytes"]
+    assert payload["plan"]["budget_bytes"] == 24 * 1024**3 and payload["plan"]["entries"]
+
+
+def test_unknown_model_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path, "nobody/unknown-model")
+    assert main(["estimate", str(spec)]) == 2
+    assert "model.name_or_path" in capsys.readouterr().err
+
+
+def test_memory_sizes_parse_in_gib() -> None:
+    assert parse_memory("24GiB") == 24
+    assert parse_memory("80GB") == pytest.approx(80e9 / 1024**3)
+    assert parse_memory("512MiB") == 0.5
+    with pytest.raises(Exception, match="--gpu-memory"):
+        parse_memory("lots")

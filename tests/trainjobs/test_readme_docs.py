@@ -1,0 +1,35 @@
+"""The README documents every setting (with its default) and every CLI command."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from api.settings import Settings
+from tests.trainjobs.live import REPO
+from trainjobs.cli import COMMANDS
+
+
+def settings_table() -> dict[str, str]:
+    readme = (REPO / "README.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", readme, re.M)
+    return {name: default.strip() for name, default in rows}
+
+
+def test_every_setting_is_in_the_table_with_its_default() -> None:
+    table = settings_table()
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        assert isinstance(alias, str), name
+        assert alias in table, f"{alias} is not documented in the README's Settings table"
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, int | float | str | Path):
+            shown = f"{default:g}" if isinstance(default, float) else str(default)
+            assert f"`{shown}`" in table[alias], (alias, default, table[alias])
+    assert set(table) == {f.validation_alias for f in Settings.model_fields.values()}
+
+
+def test_every_command_is_in_the_cli_reference() -> None:
+    readme = (REPO / "README.md").read_text()
+    for command in COMMANDS:
+        assert f"| `trainjobs {command}" in readme, command

@@ -1,0 +1,51 @@
+"""``trainjobs keys create`` and ``trainjobs serve``'s refusal of unsafe production settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from api.auth import authenticate
+from api.db.session import make_engine
+from api.settings import Settings
+from tests.trainjobs.live import REPO, trainjobs_argv
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(trainjobs_argv(args), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINJOBS_", "DATABASE_URL", "BROKER_URL"))}
+    return {**env, "TRAINJOBS_HOME": str(home), **extra}
+
+
+def test_keys_create_prints_a_key_that_authenticates_as_its_owner(tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], env=env, cwd=REPO, check=True,
+                   capture_output=True)  # fmt: skip
+    made = run(["keys", "create", "--owner", "alice"], env)
+    admin = run(["keys", "create", "--owner", "ops", "--admin"], env)
+    assert made.returncode == 0 and admin.returncode == 0, made.stderr + admin.stderr
+    settings = Settings.model_validate({"TRAINJOBS_HOME": str(tmp_path)})
+    engine = make_engine(settings.database_url)
+    with Session(engine) as session:
+        alice = authenticate(session, made.stdout.strip(), settings.secret_key)
+        ops = authenticate(session, admin.stdout.strip(), settings.secret_key)
+    engine.dispose()
+    assert alice is not None and (alice.owner, alice.is_admin) == ("alice", False)
+    assert ops is not None and (ops.owner, ops.is_admin) == ("ops", True)
+
+    bad = run(["keys", "create", "--owner", "no spaces/allowed"], env)
+    assert bad.returncode == 2 and bad.stderr.startswith("owner: ") and "Traceback" not in bad.stderr
+
+
+def test_serve_refuses_production_with_the_default_secret_or_no_key(tmp_path: Path) -> None:
+    refused = run(["serve", "--port", "1"], clean_env(tmp_path, TRAINJOBS_ENV="production"))
+    assert refused.returncode == 2
+    assert "TRAINJOBS_SECRET_KEY is the default" in refused.stderr and "TRAINJOBS_API_KEY is unset" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -1,0 +1,313 @@
+"""The Python client of the trainjobs service (httpx); the CLI is built on it.
+
+    client = Client()                      # TRAINJOBS_URL / TRAINJOBS_API_KEY
+    job = client.submit("job.yaml")
+    for event in client.events(job["id"]):  # reconnects with the last id; ends at the final status
+        print(event.event, event.data)
+
+Every error answer of the API becomes an :class:`ApiError` carrying its problem+json body.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import time
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from pydantic import BaseModel
+
+from api.db.models import TERMINAL_STATUSES
+from trainjobs.sse import SseEvent, parse_lines
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+STALL_TIMEOUT_S = 60.0
+TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
+# Aliases: inside Client, `list` is the method, so annotations name the builtin through these.
+JsonObject = dict[str, Any]
+JsonList = list[JsonObject]
+
+
+class TrainjobsError(Exception):
+    """Base of the client's errors; ``str()`` is a message fit for a terminal."""
+
+
+class ConnectionFailed(TrainjobsError):
+    """The service could not be reached (or the event stream could not be resumed)."""
+
+
+class ApiError(TrainjobsError):
+    """An error answer of the API: the RFC 9457 problem details, with per-field ``errors``."""
+
+    def __init__(self, status: int, body: Mapping[str, Any]):
+        self.status = status
+        self.body = dict(body)
+        self.title = str(body.get("title") or httpx.codes.get_reason_phrase(status) or "error")
+        self.detail = body.get("detail")
+        raw_errors = body.get("errors") or []
+        self.errors: JsonList = [dict(e) for e in raw_errors if isinstance(e, Mapping)]
+        super().__init__(self.message())
+
+    def lines(self) -> list[str]:
+        """``field: message`` for each field error (the readable form the CLI prints)."""
+        return [f"{e.get('field', '?')}: {e.get('message', '')}" for e in self.errors]
+
+    def message(self) -> str:
+        head = f"{self.title} ({self.status})"
+        if self.detail and not self.errors:
+            head += f": {self.detail}"
+        return "\n".join([head, *self.lines()])
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> ApiError:
+        try:
+            body = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = {"detail": response.text[:500]}
+        if not isinstance(body, Mapping):
+            body = {"detail": str(body)}
+        return cls(response.status_code, body)
+
+
+def spec_payload(spec: str | Path | Mapping[str, Any] | BaseModel) -> dict[str, Any]:
+    """A spec as the JSON the API takes: a file (YAML/JSON), a dict, or a ``JobSpec``.
+
+    A ``JobSpec`` is dumped with ``exclude_unset`` so the server sees exactly what the user set
+    (some rules depend on which fields were given, e.g. Adam-only options with Adafactor).
+    """
+    if isinstance(spec, BaseModel):
+        return spec.model_dump(mode="json", exclude_unset=True)
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    text = Path(spec).read_text(encoding="utf-8")
+    data = json.loads(text) if str(spec).endswith(".json") else yaml.safe_load(text)
+    if not isinstance(data, Mapping):
+        raise TrainjobsError(f"spec: {spec} must hold one object")
+    return dict(data)
+
+
+def zip_folder(folder: Path) -> bytes:
+    """The folder as a zip archive (relative names), the form the API takes for image/audio folders."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.write(path, path.relative_to(folder).as_posix())
+    return buffer.getvalue()
+
+
+def _is_terminal(event: SseEvent) -> bool:
+    return event.event == "status" and isinstance(event.data, Mapping) and event.data.get("status") in TERMINAL
+
+
+class Client:
+    """A session with one trainjobs service, authenticated by one API key."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry_max_s: float = 120.0,
+    ):
+        self.base_url = (base_url or os.environ.get("TRAINJOBS_URL") or DEFAULT_URL).rstrip("/")
+        key = api_key if api_key is not None else os.environ.get("TRAINJOBS_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.retry_max_s = retry_max_s
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach {self.base_url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise ApiError.from_response(response)
+        return response
+
+    def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+        return self._request(method, url, **kwargs).json()
+
+    # jobs
+    def submit(
+        self,
+        spec: str | Path | Mapping[str, Any] | BaseModel,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a job (the spec plus optional priority and queue); returns the created job."""
+        body = spec_payload(spec)
+        if priority is not None:
+            body["priority"] = priority
+        if queue is not None:
+            body["queue"] = queue
+        result: dict[str, Any] = self._json("POST", "/v1/jobs", json=body)
+        return result
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/v1/jobs/{job_id}")
+        return result
+
+    def list(self, status: str | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """Jobs newest first, following the pagination cursor; ``limit`` caps the total."""
+        cursor: str | None = None
+        seen = 0
+        while True:
+            params: dict[str, Any] = {k: v for k, v in {"status": status, "cursor": cursor}.items() if v}
+            if limit is not None:
+                params["limit"] = min(limit - seen, 100)
+            page = self._json("GET", "/v1/jobs", params=params)
+            for job in page.get("items", []):
+                yield job
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            cursor = page.get("next_cursor")
+            if not cursor or not page.get("items"):
+                return
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Ask the service to cancel a job (202); a finished job raises ApiError(409)."""
+        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{job_id}/cancel")
+        return result
+
+    def metrics(
+        self, job_id: str, after: int | None = None, name: str | None = None, page_size: int = 1000
+    ) -> JsonList:
+        """All metric points after seq ``after`` (optionally of one metric), in seq order."""
+        points: JsonList = []
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if after is not None:
+                params["after"] = after
+            if name is not None:
+                params["name"] = name
+            page = self._json("GET", f"/v1/jobs/{job_id}/metrics", params=params)
+            items = page.get("items", [])
+            points.extend(items)
+            next_after = page.get("next_after")
+            if not items or not page.get("has_more") or next_after is None or next_after == after:
+                return points
+            after = int(next_after)
+
+    def events(
+        self, job_id: str, last_event_id: int | str | None = None, idle_timeout: float | None = None
+    ) -> Iterator[SseEvent]:
+        """The job's events over SSE, from after ``last_event_id``, until its terminal status.
+
+        A dropped connection (or an API restart) is resumed with ``Last-Event-ID`` after a backoff, so
+        the caller sees every event exactly once. Gives up with ConnectionFailed after ``retry_max_s``
+        without any progress. With ``idle_timeout``, stops once nothing arrived for that long (the
+        replay of what exists, without waiting for what comes).
+        """
+        last = str(last_event_id) if last_event_id is not None else None
+        delay, down_since = 0.25, None
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = last
+            try:
+                # The server sends a keep-alive every 15 s: a minute of silence is a dead connection.
+                timeout = httpx.Timeout(10.0, read=idle_timeout if idle_timeout is not None else STALL_TIMEOUT_S)
+                with self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as resp:
+                    if resp.status_code >= 400 and resp.status_code not in (502, 503, 504):
+                        resp.read()
+                        raise ApiError.from_response(resp)
+                    if resp.status_code < 400:
+                        for event in parse_lines(resp.iter_lines()):
+                            delay, down_since = 0.25, None
+                            if event.id is not None:
+                                last = event.id
+                            yield event
+                            if _is_terminal(event):
+                                return
+            except httpx.ReadTimeout:
+                if idle_timeout is not None:
+                    return
+            except httpx.TransportError as exc:
+                log.debug("event stream of %s dropped: %s", job_id, exc)
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since > self.retry_max_s:
+                raise ConnectionFailed(f"lost the event stream of job {job_id} at {self.base_url}")
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # artifacts
+    def artifacts(self, job_id: str) -> JsonList:
+        data = self._json("GET", f"/v1/jobs/{job_id}/artifacts")
+        items: JsonList = data.get("items", data) if isinstance(data, Mapping) else data
+        return items
+
+    def download(self, job_id: str, path: str, dest: str | Path) -> Path:
+        """Stream one artifact to ``dest`` (a file, or a folder to put it in); returns the file."""
+        target = Path(dest)
+        if target.is_dir():
+            target = target / Path(path).name
+        try:
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/artifacts/{path}") as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise ApiError.from_response(resp)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as out:
+                    for chunk in resp.iter_bytes():
+                        out.write(chunk)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach {self.base_url}: {exc}") from exc
+        return target
+
+    # estimates, catalog, datasets
+    def estimate(
+        self,
+        spec: str | Path | Mapping[str, Any] | BaseModel,
+        gpu_memory_gb: float | None = None,
+        devices: int | None = None,
+    ) -> dict[str, Any]:
+        """The server's memory estimate for ``spec``; with a budget, the planner's fitting configs."""
+        body: dict[str, Any] = {"spec": spec_payload(spec)}
+        if gpu_memory_gb is not None:
+            body["gpu_memory_gb"] = gpu_memory_gb
+        if devices is not None:
+            body["devices"] = devices
+        result: dict[str, Any] = self._json("POST", "/v1/estimates/memory", json=body)
+        return result
+
+    def catalog(self) -> Any:
+        return self._json("GET", "/v1/models/catalog")
+
+    def upload_dataset(self, path: str | Path, name: str | None = None) -> dict[str, Any]:
+        """Upload a CSV / JSON lines / Parquet file, or a folder (zipped here) of images or audio."""
+        source = Path(path)
+        if source.is_dir():
+            filename, content = f"{source.name}.zip", zip_folder(source)
+        else:
+            filename, content = source.name, source.read_bytes()
+        data = {"name": name} if name else None
+        result: dict[str, Any] = self._json(
+            "POST", "/v1/datasets", files={"file": (filename, content)}, data=data, timeout=None
+        )
+        return result
+
+    def datasets(self) -> JsonList:
+        data = self._json("GET", "/v1/datasets")
+        items: JsonList = data.get("items", data) if isinstance(data, Mapping) else data
+        return items

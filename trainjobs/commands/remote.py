@@ -1,0 +1,185 @@
+"""Commands that talk to a running service: ``submit``, ``jobs ...``, ``datasets ...``.
+
+They use :class:`trainjobs.client.Client` (``TRAINJOBS_URL`` / ``TRAINJOBS_API_KEY``, or ``--url`` /
+``--api-key``). API errors are printed as ``field: message`` lines, never as tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from trainjobs.client import ApiError, Client, TrainjobsError
+
+# Exit status for a request the service refused or could not be reached (job outcomes: see follow.py).
+EXIT_ERROR = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def connection_options() -> argparse.ArgumentParser:
+    """``--url`` and ``--api-key``, shared by every remote command (also ``estimate --remote``)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--url", default=None, help="service address (default: $TRAINJOBS_URL or localhost:8000)")
+    parent.add_argument("--api-key", default=None, help="API key (default: $TRAINJOBS_API_KEY)")
+    return parent
+
+
+def client_for(args: argparse.Namespace) -> Client:
+    # httpx logs every request at INFO: noise on a terminal that shows a progress bar.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return Client(getattr(args, "url", None), getattr(args, "api_key", None))
+
+
+def report_error(exc: BaseException) -> int:
+    """Print an error for a person (title, then one ``field: message`` line per field)."""
+    if isinstance(exc, ApiError):
+        print(f"error: {exc.title} ({exc.status})", file=sys.stderr)
+        if exc.detail and not exc.errors:
+            print(str(exc.detail), file=sys.stderr)
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+    elif isinstance(exc, FileNotFoundError):
+        print(f"error: no such file: {exc.filename}", file=sys.stderr)
+    else:
+        print(f"error: {exc}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def readable_errors(func: Handler) -> Handler:
+    """Turn the client's errors (and unreadable input files) into messages and an exit status."""
+
+    @functools.wraps(func)
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except (TrainjobsError, OSError, ValueError) as exc:
+            return report_error(exc)
+        except KeyboardInterrupt:
+            print("interrupted (the job keeps running; `trainjobs jobs cancel ID` stops it)", file=sys.stderr)
+            return 130
+
+    return wrapper
+
+
+def emit(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+@readable_errors
+def cmd_submit(args: argparse.Namespace) -> int:
+    from trainjobs.follow import follow
+
+    with client_for(args) as client:
+        job = client.submit(args.spec, priority=args.priority, queue=args.queue)
+        print(job["id"])
+        print(f"submitted {job.get('name', '')} as {job['id']} ({job.get('status')})", file=sys.stderr)
+        return follow(client, job["id"]) if args.follow else 0
+
+
+@readable_errors
+def cmd_list(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        for job in client.list(status=args.status, limit=args.limit):
+            progress = job.get("progress") or {}
+            step, total = progress.get("step", 0), progress.get("total")
+            print(f"{job['id']}  {job['status']:<10} {step}/{total or '?':<8} {job.get('name', '')}")
+    return 0
+
+
+@readable_errors
+def cmd_show(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        emit(client.get(args.id))
+    return 0
+
+
+@readable_errors
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        job = client.cancel(args.id)
+        print(f"cancel requested for {args.id} ({job.get('status', '')})", file=sys.stderr)
+    return 0
+
+
+@readable_errors
+def cmd_logs(args: argparse.Namespace) -> int:
+    from trainjobs.follow import describe, follow
+
+    with client_for(args) as client:
+        if args.follow:
+            return follow(client, args.id)
+        # Without --follow: what the job said so far (the replay), then stop.
+        for event in client.events(args.id, idle_timeout=2.0):
+            print(describe(event))
+    return 0
+
+
+@readable_errors
+def cmd_dataset_upload(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        dataset = client.upload_dataset(args.path, name=args.name)
+        print(dataset["id"])
+        print(f"uploaded {args.path} as dataset {dataset['id']}; use {{\"dataset\": {{\"id\": ...}}}}", file=sys.stderr)
+    return 0
+
+
+@readable_errors
+def cmd_dataset_list(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        for dataset in client.datasets():
+            print(f"{dataset['id']}  {dataset.get('format', ''):<12} {dataset.get('name', '')}")
+    return 0
+
+
+@readable_errors
+def cmd_estimate_remote(args: argparse.Namespace) -> int:
+    """``trainjobs estimate SPEC --remote``: the service's estimate (and plan), rendered as locally."""
+    from trainjobs.commands.estimate import render_payload
+
+    with client_for(args) as client:
+        answer = client.estimate(args.spec, gpu_memory_gb=args.gpu_memory, devices=args.devices)
+    payload = dict(answer["estimate"])
+    if answer.get("plan") is not None:
+        payload["plan"] = answer["plan"]
+    print(json.dumps(payload) if args.json else render_payload(payload))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    conn = connection_options()
+    submit = subparsers.add_parser("submit", parents=[conn], help="submit a job spec (YAML or JSON) to the service")
+    submit.add_argument("spec", help="job spec file")
+    submit.add_argument("--follow", "-f", action="store_true", help="show live progress; exit with the outcome")
+    submit.add_argument("--priority", type=int, default=None)
+    submit.add_argument("--queue", default=None, help="queue (e.g. a GPU memory class such as gpu-80g)")
+    submit.set_defaults(func=cmd_submit)
+
+    jobs = subparsers.add_parser("jobs", help="list, show, cancel and follow jobs")
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+    listing = jobs_sub.add_parser("list", parents=[conn], help="jobs, newest first")
+    listing.add_argument("--status", default=None)
+    listing.add_argument("--limit", type=int, default=20)
+    listing.set_defaults(func=cmd_list)
+    for name, func, text in (("show", cmd_show, "one job as JSON"), ("cancel", cmd_cancel, "cancel a job")):
+        action = jobs_sub.add_parser(name, parents=[conn], help=text)
+        action.add_argument("id")
+        action.set_defaults(func=func)
+    logs = jobs_sub.add_parser("logs", parents=[conn], help="a job's events (status, progress, metrics, logs)")
+    logs.add_argument("id")
+    logs.add_argument("--follow", "-f", action="store_true", help="live progress bar until the job ends")
+    logs.set_defaults(func=cmd_logs)
+
+    datasets = subparsers.add_parser("datasets", help="upload and list datasets")
+    ds_sub = datasets.add_subparsers(dest="datasets_command", metavar="ACTION", required=True)
+    upload = ds_sub.add_parser("upload", parents=[conn], help="upload a file, or a folder (zipped)")
+    upload.add_argument("path")
+    upload.add_argument("--name", default=None)
+    upload.set_defaults(func=cmd_dataset_upload)
+    ds_list = ds_sub.add_parser("list", parents=[conn], help="your datasets")
+    ds_list.set_defaults(func=cmd_dataset_list)

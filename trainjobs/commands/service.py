@@ -1,0 +1,110 @@
+"""Running the service: ``trainjobs serve``, ``trainjobs worker``, ``trainjobs dev``, ``trainjobs keys``.
+
+``serve`` and ``worker`` are the production processes (docker-compose runs exactly these);
+``dev`` is the one-command local service (see :mod:`trainjobs.launcher`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from api.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.logging import configure_logging
+
+    settings = Settings()
+    try:
+        settings.check_production_ready()
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging()
+    uvicorn.run(
+        "api.main:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_config=None,  # keep our structured logging
+        proxy_headers=True,
+    )
+    return 0
+
+
+def parse_gpus(text: str | None) -> list[str] | None:
+    """``"0,1"`` -> ``["0", "1"]``; None or empty means no GPU pinning (one slot)."""
+    if not text:
+        return None
+    gpus = [g.strip() for g in text.split(",") if g.strip()]
+    if not gpus:
+        raise argparse.ArgumentTypeError("--gpus: give device indexes such as 0,1")
+    return gpus
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from api.logging import configure_logging
+    from worker.main import run_worker
+
+    configure_logging()
+    settings = Settings()
+    queues = args.queue or [settings.default_queue]
+    result = run_worker(queues=queues, gpus=parse_gpus(args.gpus), settings=settings)
+    return int(result or 0)
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from trainjobs.launcher import DevLauncher
+
+    return DevLauncher(Settings(), host=args.host, port=args.port, example=args.example).run()
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from api.auth import create_api_key
+    from api.db.session import session_scope
+
+    settings = Settings()
+    try:
+        with session_scope(settings.database_url) as session:
+            key = create_api_key(session, args.owner, args.admin, settings=settings)
+    except ValueError as exc:
+        print(f"owner: {exc}", file=sys.stderr)
+        return 2
+    print(key)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = subparsers.add_parser("serve", help="run the HTTP API (uvicorn)")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = subparsers.add_parser("worker", help="run a training worker (one slot per GPU)")
+    worker.add_argument("--gpus", default=None, help="GPU indexes, one slot each, e.g. 0,1")
+    worker.add_argument(
+        "--queue", action="append", default=None, help="queue to consume (repeatable; default: the default queue)"
+    )
+    worker.set_defaults(func=cmd_worker)
+
+    dev = subparsers.add_parser("dev", help="API + one worker on the embedded defaults under ./var")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=int(os.environ.get("TRAINJOBS_PORT", "8000")), help="$TRAINJOBS_PORT")
+    dev.add_argument("--example", action="store_true", help="print a curl command that submits an example job")
+    dev.set_defaults(func=cmd_dev)
+
+    keys = subparsers.add_parser("keys", help="manage API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    create = keys_sub.add_parser("create", help="create a key and print it (shown once)")
+    create.add_argument("--owner", required=True)
+    create.add_argument("--admin", action="store_true", help="the key sees every owner's jobs")
+    create.set_defaults(func=cmd_keys_create)

