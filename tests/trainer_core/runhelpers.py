@@ -1,0 +1,123 @@
+"""Helpers for the run tests: specs on generated data, in-process runs, reloading a saved model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+from tests.trainer_core import datagen
+from trainer_core.data import prepare_data
+from trainer_core.events import Event, EventCollector, parse_event_line
+from trainer_core.metrics import compute_metrics
+from trainer_core.modeling import MODEL_CLASSES
+from trainer_core.run import run_job
+from trainer_core.spec import JobSpec, parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+BACKENDS = ("trainer", "accelerate")
+# Tiny models run an order of magnitude faster on one thread than fighting over shared cores.
+torch.set_num_threads(1)
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def text_spec(data_dir: Path, backend: str, n_train: int = 96, n_val: int = 32, **overrides: Any) -> JobSpec:
+    """A tiny config-built BERT on a generated sentiment CSV, with the given backend."""
+    files = datagen.write_sentiment_csv(data_dir, n_train=n_train, n_val=n_val)
+    spec = datagen.tiny_text_spec(files, **overrides)
+    spec.setdefault("training", {})["backend"] = backend
+    return parse_spec(spec)
+
+
+def run(spec: JobSpec, output_dir: Path, **kwargs: Any) -> tuple[str, EventCollector]:
+    events = EventCollector()
+    status = run_job(spec, output_dir, emit=events, **kwargs)
+    return status, events
+
+
+def done_event(events: EventCollector) -> dict[str, Any]:
+    done = events.of_kind("done")
+    assert len(done) == 1 and events.events[-1] is done[0], "exactly one done event, and it comes last"
+    return done[0]
+
+
+def logged_losses(events: EventCollector) -> list[float]:
+    return [e["values"]["loss"] for e in events.of_kind("metric")]
+
+
+def weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(output_dir / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=atol, rtol=1e-4, msg=f"parameter {name} differs")
+
+
+def evaluate_saved(spec: JobSpec, output_dir: Path) -> dict[str, float]:
+    """Load the saved model and processor from ``output_dir`` and score the validation split."""
+    saved = spec.model_copy(update={"model": spec.model.model_copy(update={"name_or_path": str(output_dir),
+                                                                           "config": None})})
+    data = prepare_data(saved, None)
+    assert data.eval is not None
+    model = MODEL_CLASSES[spec.task].from_pretrained(str(output_dir)).eval()
+    loader = DataLoader(data.eval.remove_columns("length"), batch_size=16, collate_fn=data.collator)
+    preds, refs, losses = [], [], []
+    with torch.no_grad():
+        for batch in loader:
+            out = model(**batch)
+            preds.append(out.logits.argmax(-1).numpy())
+            refs.append(batch["labels"].numpy())
+            losses.append(np.full(len(batch["labels"]), out.loss.item()))
+    values = compute_metrics(list(spec.metrics), np.concatenate(preds), np.concatenate(refs), len(data.labels))
+    return {"eval_loss": float(np.concatenate(losses).mean()), **{f"eval_{k}": v for k, v in values.items()}}
+
+
+def write_spec(spec: JobSpec, path: Path) -> Path:
+    path.write_text(json.dumps(spec.model_dump(mode="json")), encoding="utf-8")
+    return path
+
+
+def cli_process(*args: str) -> subprocess.Popen[str]:
+    """``trainjobs train ...`` as a child process with its events on a pipe (callers kill it in ``finally``)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainjobs.cli", "train", *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+
+
+def events_until(proc: subprocess.Popen[str], stop_at_step: int | None = None) -> list[Event]:
+    """Events from the child's stdout, until EOF or until a progress event reaches ``stop_at_step``."""
+    assert proc.stdout is not None
+    events: list[Event] = []
+    for line in proc.stdout:
+        event = parse_event_line(line)
+        if event is None:
+            continue
+        events.append(event)
+        if stop_at_step is not None and event["event"] == "progress" and event["step"] >= stop_at_step:
+            break
+    return events
+
+
+def finish(proc: subprocess.Popen[str]) -> list[Event]:
+    """The child's remaining events once it exits; a child that will not exit is killed."""
+    try:
+        events = events_until(proc)
+        proc.wait(timeout=120)
+        return events
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,87 @@
+"""Through the CLI: a run SIGKILLed mid-way and resumed ends where an uninterrupted run ends; SIGTERM cancels."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.trainer_core.runhelpers import (
+    BACKENDS,
+    assert_same_weights,
+    cli_process,
+    events_until,
+    finish,
+    run,
+    text_spec,
+    write_spec,
+)
+from trainer_core.checkpoint import complete_checkpoints
+from trainer_core.spec import JobSpec
+
+TOTAL_STEPS = 40
+
+
+def resumable_spec(tmp_path: Path, backend: str) -> JobSpec:
+    # Dropout stays on: resuming must restore the RNG, not only the weights and the optimizer.
+    return text_spec(
+        tmp_path / "data", backend, n_train=64,
+        training={"max_steps": TOTAL_STEPS, "per_device_train_batch_size": 8, "save_steps": 5,
+                  "logging_steps": 5, "learning_rate": 3e-3},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkilled_run_resumed_matches_an_uninterrupted_run(tmp_path: Path, backend: str) -> None:
+    spec = resumable_spec(tmp_path, backend)
+    status, _ = run(spec, tmp_path / "reference")
+    assert status == "succeeded"
+
+    spec_file = write_spec(spec, tmp_path / "spec.json")
+    out = tmp_path / "out"
+    proc = cli_process(str(spec_file), "--output-dir", str(out), "--jsonl")
+    try:
+        events_until(proc, stop_at_step=12)
+        proc.kill()  # SIGKILL: no handler runs, nothing is flushed
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    steps = [int(p.name.split("-")[1]) for p in complete_checkpoints(out)]
+    assert steps and max(steps) < TOTAL_STEPS, steps  # really killed mid-way
+    assert not (out / "metrics.json").exists()
+
+    resumed = cli_process(str(spec_file), "--output-dir", str(out), "--jsonl", "--resume")
+    events = finish(resumed)
+    assert resumed.returncode == 0
+    progress = [e["step"] for e in events if e["event"] == "progress"]
+    assert progress == list(range(max(steps) + 1, TOTAL_STEPS + 1))  # no batch trained twice
+    assert events[-1]["event"] == "done" and events[-1]["status"] == "succeeded"
+    assert_same_weights(tmp_path / "reference", out, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_cancelled(tmp_path: Path, backend: str) -> None:
+    spec = resumable_spec(tmp_path, backend)
+    spec_file = write_spec(spec, tmp_path / "spec.json")
+    out = tmp_path / "out"
+    proc = cli_process(str(spec_file), "--output-dir", str(out), "--jsonl")
+    try:
+        before = events_until(proc, stop_at_step=3)
+        proc.send_signal(signal.SIGTERM)
+        after = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1  # only "succeeded" exits 0
+    done = after[-1]
+    assert done["event"] == "done" and done["status"] == "cancelled"
+    stopped_at = done["summary"]["global_step"]
+    assert before[-1]["step"] <= stopped_at < TOTAL_STEPS
+    assert f"checkpoint-{stopped_at}" in [p.name for p in complete_checkpoints(out)]

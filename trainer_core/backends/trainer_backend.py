@@ -1,0 +1,231 @@
+"""The 🤗 ``Trainer`` backend: TrainingArguments from the spec, trainjobs' own optimizer and scheduler.
+
+A callback turns Trainer's hooks into trainjobs events, marks checkpoints as self-describing, and
+polls the stop signal after every optimizer step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import (
+    EvalPrediction,
+    PrinterCallback,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+from trainer_core.backends import BackendResult, RunContext
+from trainer_core.backends.common import (
+    LENGTH_COLUMN,
+    build_scheduler,
+    build_training_model,
+    column_lengths,
+    plan_steps,
+    save_processor,
+)
+from trainer_core.backends.sampling import EpochSampler, eval_order
+from trainer_core.checkpoint import TrainProgress, checkpoint_dir, write_meta
+from trainer_core.events import make_event
+from trainer_core.memory_report import memory_event
+from trainer_core.metrics import compute_metrics
+from trainer_core.optimizers import build_optimizer
+
+logger = logging.getLogger(__name__)
+
+# Trainer's own bookkeeping keys in evaluate() results; not metrics of the model.
+_EVAL_BOOKKEEPING = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")
+
+
+class _SeededOrderTrainer(Trainer):
+    """Trainer whose training order depends only on (seed, epoch): trainjobs' :class:`EpochSampler`.
+
+    Trainer's own samplers draw from the global RNG when iterated, so a run resumed mid-epoch would
+    see another order than the run it continues; Trainer calls ``set_epoch`` on this one each epoch.
+    The sampler also groups by the lengths data preparation already computed (Trainer would drop
+    the ``length`` column first and re-measure every example).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        train_lengths: list[int] | None = None,
+        eval_lengths: list[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._train_lengths = train_lengths
+        self._eval_lengths = eval_lengths
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
+        group = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return EpochSampler(len(dataset), self.args.seed, group, self._train_lengths)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> Any:
+        # Trainer's length-grouped eval sampler needs `input_ids` (not images or audio) and draws from
+        # the global RNG; a fixed longest-first order needs neither.
+        return eval_order(self._eval_lengths, len(eval_dataset))
+
+
+class _RunCallback(TrainerCallback):
+    """Events, self-describing checkpoints and graceful stop for a Trainer run."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.memory_sent = False
+        self.cancelled = False
+        self.last_eval: dict[str, float] = {}
+        self.eval_step = -1
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if not self.memory_sent:
+            self.ctx.emit(memory_event(kwargs["model"], kwargs["optimizer"]))
+            self.memory_sent = True
+        self.ctx.emit(
+            make_event("progress", step=state.global_step, total_steps=state.max_steps, epoch=state.epoch)
+        )
+        if self.ctx.stop.requested_by_any(args.device) and state.global_step < state.max_steps:
+            control.should_save = True  # Trainer saves right after this hook, then stops
+            control.should_training_stop = True
+            self.cancelled = True
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if logs and "loss" in logs:
+            values = {k: logs.get(k) for k in ("loss", "learning_rate", "grad_norm")}
+            self.ctx.emit(make_event("metric", step=state.global_step, epoch=state.epoch, values=values))
+
+    def on_evaluate(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        values = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_BOOKKEEPING}
+        self.last_eval, self.eval_step = values, state.global_step
+        self.ctx.emit(make_event("eval", step=state.global_step, epoch=state.epoch, values=values))
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        ckpt = checkpoint_dir(self.ctx.output_dir, state.global_step)
+        if state.is_world_process_zero and ckpt.is_dir():
+            # Trainer itself resumes by epoch and step from trainer_state.json; the rest is description.
+            progress = TrainProgress(state.global_step, int(state.epoch or 0), 0)
+            write_meta(ckpt, self.ctx.spec, progress, "trainer")
+
+
+def training_arguments(ctx: RunContext) -> TrainingArguments:
+    """TrainingArguments named after the spec's fields (the spec follows their names)."""
+    spec, t, eff = ctx.spec, ctx.spec.training, ctx.spec.efficiency
+    on_cpu = not torch.cuda.is_available()
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return TrainingArguments(
+        output_dir=str(ctx.output_dir),
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        per_device_eval_batch_size=t.per_device_eval_batch_size,
+        gradient_accumulation_steps=eff.gradient_accumulation_steps,
+        num_train_epochs=t.num_train_epochs,
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        seed=t.seed,
+        logging_steps=t.logging_steps,
+        eval_strategy=t.eval_strategy if ctx.data.eval is not None else "no",
+        eval_steps=t.eval_steps,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        bf16=eff.mixed_precision == "bf16",
+        fp16=eff.mixed_precision == "fp16",
+        use_cpu=on_cpu,
+        # Naming a backend makes accelerate set up a process group, so only under torchrun.
+        ddp_backend="gloo" if on_cpu and several else None,
+        dataloader_num_workers=t.dataloader_num_workers,
+        train_sampling_strategy="group_by_length" if spec.preprocessing.group_by_length else "random",
+        length_column_name=LENGTH_COLUMN,
+        report_to=list(t.report_to) or "none",
+        disable_tqdm=True,
+        # Trainer's NaN filter reads the loss on the host every step: a device sync per step.
+        logging_nan_inf_filter=False,
+    )
+
+
+def train_with_trainer(ctx: RunContext) -> BackendResult:
+    """Train ``ctx.spec`` with 🤗 Trainer, passing trainjobs' optimizer and scheduler."""
+    spec, data = ctx.spec, ctx.data
+    args = training_arguments(ctx)
+    model = build_training_model(spec, data.labels)
+    optimizer = build_optimizer(model, spec.optimizer, spec.training.learning_rate, spec.training.weight_decay)
+    lengths = column_lengths(data.train) if spec.preprocessing.group_by_length else None
+    eval_lengths = column_lengths(data.eval) if data.eval is not None else None
+    batches = -(-len(data.train) // (args.per_device_train_batch_size * args.world_size))
+    plan = plan_steps(spec, batches)
+    scheduler = build_scheduler(spec, optimizer, plan.total_steps)
+    callback = _RunCallback(ctx)
+    num_labels = len(data.labels)
+
+    def metrics_fn(prediction: EvalPrediction) -> dict[str, float]:
+        preds = np.asarray(prediction.predictions)
+        return compute_metrics(list(spec.metrics), preds, np.asarray(prediction.label_ids), num_labels)
+
+    trainer = _SeededOrderTrainer(
+        model=model,
+        args=args,
+        data_collator=data.collator,
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        compute_metrics=metrics_fn,
+        callbacks=[callback],
+        optimizers=(optimizer, scheduler),
+        preprocess_logits_for_metrics=_argmax_logits,
+        train_lengths=lengths,
+        eval_lengths=eval_lengths,
+    )
+    # Classification heads return a per-batch mean loss and ignore `num_items_in_batch`; a forward
+    # that merely takes **kwargs makes Trainer assume otherwise and skip dividing by the accumulation
+    # steps, which would scale accumulated gradients by that factor.
+    trainer.model_accepts_loss_kwargs = False
+    # With tqdm off, Trainer prints every log dict to stdout, which is the event stream under --jsonl.
+    trainer.remove_callback(PrinterCallback)
+    started = time.perf_counter()
+    output = trainer.train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
+    runtime = time.perf_counter() - started
+    global_step = trainer.state.global_step
+    if callback.cancelled:
+        return BackendResult(status="cancelled", global_step=global_step, train=dict(output.metrics))
+    if data.eval is not None and callback.eval_step != global_step:
+        trainer.evaluate()
+    trainer.save_model(str(ctx.output_dir))
+    if trainer.is_world_process_zero():
+        save_processor(data.processor, ctx.output_dir)
+    train = {**output.metrics, "train_runtime_s": runtime}
+    return BackendResult(status="succeeded", global_step=global_step, eval_metrics=callback.last_eval, train=train)
+
+
+def _argmax_logits(logits: Any, labels: torch.Tensor) -> torch.Tensor:
+    # Keep only class ids on device: Trainer would otherwise gather and hold every logit row.
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    result: torch.Tensor = logits.argmax(dim=-1)
+    return result

@@ -1,0 +1,79 @@
+"""Self-describing checkpoints: where they live, what describes them, which one to resume from.
+
+A checkpoint is ``output_dir/checkpoint-<step>/``: weights (safetensors), optimizer, scheduler and
+RNG states written by the backend, plus ``trainjobs_checkpoint.json`` with the step, the position in
+the data and the spec that produced it. That file is written last, so a run killed while saving
+leaves a folder without it, which resume ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer_core.spec import JobSpec
+
+CHECKPOINT_PREFIX = "checkpoint-"
+META_FILE = "trainjobs_checkpoint.json"
+_STEP = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+
+
+@dataclass(frozen=True)
+class TrainProgress:
+    """Where a run stands: optimizer steps done, the epoch, and batches of it already consumed."""
+
+    global_step: int
+    epoch: int
+    batch_in_epoch: int
+
+
+def checkpoint_dir(output_dir: Path, step: int) -> Path:
+    return output_dir / f"{CHECKPOINT_PREFIX}{step}"
+
+
+def write_meta(ckpt: Path, spec: JobSpec, progress: TrainProgress, backend: str) -> None:
+    """Write the description that makes ``ckpt`` complete (call after the backend saved its files)."""
+    meta = {**asdict(progress), "backend": backend, "spec": spec.model_dump(mode="json")}
+    tmp = ckpt / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    tmp.replace(ckpt / META_FILE)  # atomic: the file is either absent or whole
+
+
+def read_meta(ckpt: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
+    return data
+
+
+def read_progress(ckpt: Path) -> TrainProgress:
+    meta = read_meta(ckpt)
+    return TrainProgress(meta["global_step"], meta["epoch"], meta["batch_in_epoch"])
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Finished checkpoints in ``output_dir``, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for child in output_dir.iterdir():
+        match = _STEP.match(child.name)
+        if match and (child / META_FILE).is_file():
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def newest_checkpoint(output_dir: Path) -> Path | None:
+    found = complete_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def rotate_checkpoints(output_dir: Path, keep: int | None) -> None:
+    """Delete the oldest finished checkpoints so at most ``keep`` remain (None keeps all)."""
+    if keep is None:
+        return
+    found = complete_checkpoints(output_dir)
+    for old in found[: max(len(found) - keep, 0)]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,124 @@
+"""Several processes: run the same job under torchrun and relay rank 0's events to the caller.
+
+``run_distributed`` starts ``python -m torch.distributed.run --nproc_per_node N -m trainer_core.launch``;
+each worker calls :func:`trainer_core.run.run_job` (gloo on CPU, nccl on GPU, chosen by accelerate)
+and rank 0 prints its events as JSON lines, which the parent parses and forwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainer_core.events import Event, EventSink, RunStatus, make_event, parse_event_line, stream_sink
+from trainer_core.spec import FieldError, JobSpec, SpecError, load_spec_file
+
+logger = logging.getLogger(__name__)
+
+
+def torchrun_command(
+    spec_path: Path, output_dir: Path, nproc: int, *, resume: bool, stop_file: Path | None, cache_dir: Path | None
+) -> list[str]:
+    """The torchrun command line for one job (``--standalone``: a free local rendezvous port)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "trainer_core.launch", str(spec_path), "--output-dir", str(output_dir)]
+    if resume:
+        cmd.append("--resume")
+    if stop_file is not None:
+        cmd += ["--stop-file", str(stop_file)]
+    if cache_dir is not None:
+        cmd += ["--cache-dir", str(cache_dir)]
+    return cmd
+
+
+def _spec_error_from(done: Event) -> SpecError | None:
+    summary = done.get("summary") or {}
+    if summary.get("reason") != "invalid_spec":
+        return None
+    return SpecError([FieldError(e["field"], e["message"]) for e in summary.get("errors", [])])
+
+
+def run_distributed(
+    spec: JobSpec,
+    output_dir: Path,
+    *,
+    emit: EventSink,
+    resume: bool = False,
+    stop_file: Path | None = None,
+    cache_dir: Path | None = None,
+) -> RunStatus:
+    """Run ``spec`` on ``spec.resources.num_processes`` local processes; returns rank 0's status."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = output_dir / "spec.json"
+    spec_path.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+    cmd = torchrun_command(spec_path, output_dir, spec.resources.num_processes,
+                           resume=resume, stop_file=stop_file, cache_dir=cache_dir)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # torchrun passes SIGTERM on to its workers, which stop after their current step.
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
+    done: Event | None = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = parse_event_line(line)
+            if event is None:
+                logger.debug("worker: %s", line.rstrip())
+                continue
+            if event["event"] == "done":
+                done = event
+            emit(event)
+        returncode = proc.wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:  # the caller was interrupted: do not leave workers behind
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if done is None:
+        emit(make_event("done", status="failed",
+                        summary={"reason": "error", "error": f"torchrun exited with status {returncode}"}))
+        return "failed"
+    error = _spec_error_from(done)
+    if error is not None:
+        raise error
+    status: RunStatus = done["status"]
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of each torchrun worker."""
+    parser = argparse.ArgumentParser(prog="python -m trainer_core.launch")
+    parser.add_argument("spec", type=Path)
+    parser.add_argument("--output-dir", type=Path, required=True)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--stop-file", type=Path)
+    parser.add_argument("--cache-dir", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from trainer_core.run import run_job
+
+    emit = stream_sink(sys.stdout) if int(os.environ.get("RANK", "0")) == 0 else None
+    try:
+        status = run_job(load_spec_file(args.spec), args.output_dir, emit=emit, resume=args.resume,
+                         stop_file=args.stop_file, cache_dir=args.cache_dir)
+    except SpecError:
+        return 2
+    return 0 if status == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""``run_job``: the one public entry to training, used by the CLI, the worker and library callers.
+
+It validates what only a live machine can check, prepares data, picks the backend, and always ends
+with a ``done`` event, whatever happened. Several processes are handed to :mod:`trainer_core.launch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer_core.checkpoint import newest_checkpoint, read_meta
+from trainer_core.events import Event, EventSink, RunStatus, make_event
+from trainer_core.spec import FieldError, JobSpec, SpecError
+from trainer_core.stopping import StopSignal
+
+logger = logging.getLogger(__name__)
+
+
+def _discard(event: Event) -> None:
+    """The sink of processes other than the main one: only rank 0 speaks."""
+
+
+def is_distributed_worker() -> bool:
+    """True inside a process that torchrun started as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def check_runnable(spec: JobSpec) -> None:
+    """Rules that depend on this machine rather than on the spec alone."""
+    if spec.efficiency.mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise SpecError(
+            [FieldError("efficiency.mixed_precision", "fp16 needs a CUDA device; use 'bf16' on this machine")]
+        )
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short machine-readable cause for a failed run's summary."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "out_of_memory"
+    if isinstance(exc, SpecError):
+        return "invalid_spec"
+    return "error"
+
+
+def failure_summary(exc: BaseException) -> dict[str, Any]:
+    summary: dict[str, Any] = {"reason": failure_reason(exc), "error": f"{type(exc).__name__}: {exc}"}
+    if isinstance(exc, SpecError):
+        summary["errors"] = [{"field": e.field, "message": e.message} for e in exc.errors]
+    return summary
+
+
+def _reset_accelerate_state() -> None:
+    # Accelerate keeps process-wide singletons; a second run in the same process (tests, notebooks)
+    # with another mixed precision would otherwise be refused.
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def _resume_point(spec: JobSpec, output_dir: Path, resume: bool) -> Path | None:
+    if not resume:
+        return None
+    ckpt = newest_checkpoint(output_dir)
+    if ckpt is None:
+        logger.info("no checkpoint in %s: starting from scratch", output_dir)
+        return None
+    backend = read_meta(ckpt).get("backend")
+    if backend != spec.training.backend:
+        raise SpecError(
+            [FieldError("training.backend", f"the checkpoint {ckpt.name} was written by the '{backend}' backend")]
+        )
+    return ckpt
+
+
+def _train(
+    spec: JobSpec, output_dir: Path, emit: EventSink, stop: StopSignal, resume: bool, cache_dir: Path | None
+) -> tuple[RunStatus, dict[str, Any]]:
+    from accelerate import PartialState
+
+    from trainer_core.backends import RunContext, run_backend
+    from trainer_core.backends.common import write_run_files
+    from trainer_core.data import prepare_data
+
+    # cpu=True is what makes accelerate treat torchrun processes on a CPU-only machine as one gloo group.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    resume_from = _resume_point(spec, output_dir, resume)
+    with state.main_process_first():  # rank 0 fills the preprocessing cache, the others reuse it
+        data = prepare_data(spec, cache_dir)
+    ctx = RunContext(spec=spec, output_dir=output_dir, data=data, emit=emit, stop=stop, resume_from=resume_from)
+    result = run_backend(ctx)
+    summary: dict[str, Any] = {
+        "global_step": result.global_step,
+        "eval": result.eval_metrics,
+        "train": result.train,
+        "cache_hit": data.cache_hit,
+    }
+    if result.status == "succeeded" and state.is_main_process:
+        write_run_files(output_dir, spec, {"eval": result.eval_metrics, "train": result.train,
+                                           "global_step": result.global_step})
+    return result.status, summary
+
+
+def run_job(
+    spec: JobSpec,
+    output_dir: Path,
+    *,
+    emit: EventSink | None = None,
+    resume: bool = False,
+    stop_file: Path | None = None,
+    cache_dir: Path | None = None,
+) -> RunStatus:
+    """Train ``spec`` into ``output_dir`` and return how it ended; always emits a final ``done`` event.
+
+    Raises :class:`SpecError` (after the ``done`` event) for a spec this machine cannot run, so the
+    CLI can name the field; every other failure is reported as status ``failed`` with a reason.
+    """
+    sink = emit or _discard
+    output_dir = Path(output_dir)
+    try:
+        check_runnable(spec)
+    except SpecError as exc:
+        sink(make_event("done", status="failed", summary=failure_summary(exc)))
+        raise
+    if spec.resources.num_processes > 1 and not is_distributed_worker():
+        from trainer_core.launch import run_distributed
+
+        return run_distributed(
+            spec, output_dir, emit=sink, resume=resume, stop_file=stop_file, cache_dir=cache_dir
+        )
+    main = int(os.environ.get("RANK", "0")) == 0
+    gated = sink if main else _discard
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if not is_distributed_worker():
+        _reset_accelerate_state()
+    status: RunStatus = "failed"
+    try:
+        with StopSignal(stop_file) as stop:
+            status, summary = _train(spec, output_dir, gated, stop, resume, cache_dir)
+    except SpecError as exc:
+        gated(make_event("done", status="failed", summary=failure_summary(exc)))
+        raise
+    except Exception as exc:
+        logger.exception("training failed")
+        summary = failure_summary(exc)
+    gated(make_event("done", status=status, summary=summary))
+    return status
