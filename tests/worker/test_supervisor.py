@@ -74,7 +74,8 @@ def test_cancel_stops_the_run_and_its_whole_process_group(
     paths = run_paths(job_id, sqlite_settings)
     wait_for(lambda: load_job(sqlite_settings, job_id).progress_step >= 2, 90, "the run to make progress")
     pgid = int(paths.pid_file.read_text())
-    assert len(group_members(pgid)) >= 2  # the run and its dataloader worker
+    # the run and its dataloader worker (workers come and go with each epoch's loader: poll)
+    wait_for(lambda: len(group_members(pgid)) >= 2, 30, "the dataloader worker to start")
     with session_scope(sqlite_settings.database_url) as s:
         s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
     thread.join(60)
