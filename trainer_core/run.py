@@ -6,6 +6,7 @@ with a ``done`` event, whatever happened. Several processes are handed to :mod:`
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -30,12 +31,20 @@ def is_distributed_worker() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+# report_to name -> the package its tracker needs
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
 def check_runnable(spec: JobSpec) -> None:
     """Rules that depend on this machine rather than on the spec alone."""
     if spec.efficiency.mixed_precision == "fp16" and not torch.cuda.is_available():
         raise SpecError(
             [FieldError("efficiency.mixed_precision", "fp16 needs a CUDA device; use 'bf16' on this machine")]
         )
+    for i, tracker in enumerate(spec.training.report_to):
+        if importlib.util.find_spec(TRACKER_PACKAGES[tracker]) is None:
+            message = f"'{tracker}' is not installed on this machine (pip install {TRACKER_PACKAGES[tracker]})"
+            raise SpecError([FieldError(f"training.report_to.{i}", message)])
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -171,6 +171,7 @@ class _Loop:
                 "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
             }
             emit(make_event("metric", step=self.global_step, epoch=epoch_float, values=values))
+            self._report(values)
             self.loss_sum, self.loss_count = None, 0
         if t.eval_strategy == "steps" and self.global_step % (t.eval_steps or t.logging_steps) == 0:
             self.evaluate(epoch_float)
@@ -181,6 +182,12 @@ class _Loop:
         self.last_eval = evaluate(self.accelerator, self.model, self.eval_dl, self.ctx)
         self.eval_step = self.global_step
         self.ctx.emit(make_event("eval", step=self.global_step, epoch=epoch_float, values=self.last_eval))
+        self._report(self.last_eval)
+
+    def _report(self, values: dict[str, Any]) -> None:
+        """Mirror a metric or eval point to the user's trackers (``training.report_to``), if any."""
+        if self.ctx.spec.training.report_to:
+            self.accelerator.log({k: v for k, v in values.items() if v is not None}, step=self.global_step)
 
     def run_epoch(self, epoch: int, skip: int, train_dl: DataLoader, sgd: LocalSGD) -> tuple[bool, bool]:
         """Train one epoch from batch ``skip``; returns (stopped on request, epoch completed)."""
@@ -216,7 +223,12 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
         gradient_accumulation_steps=eff.gradient_accumulation_steps,
         mixed_precision=eff.mixed_precision,
         cpu=not torch.cuda.is_available(),  # without it, torchrun workers on CPU would not form a group
+        # the same place Trainer's TensorBoard callback writes to: <output_dir>/runs
+        log_with=list(t.report_to) or None,
+        project_dir=str(ctx.output_dir),
     )
+    if t.report_to:
+        accelerator.init_trackers("runs", config={"spec": spec.model_dump_json()})
     model = build_training_model(spec, ctx.data.labels)
     optimizer = build_optimizer(model, spec.optimizer, t.learning_rate, t.weight_decay)
     train_dl, eval_dl = _dataloaders(ctx)
@@ -251,6 +263,8 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
             if completed and t.eval_strategy == "epoch":
                 loop.evaluate(float(epoch + 1))
     runtime = time.perf_counter() - started
+    if t.report_to:
+        accelerator.end_training()
     if not cancelled:
         if loop.eval_step != loop.global_step:
             loop.evaluate(float(plan.num_epochs))

@@ -1,0 +1,378 @@
+"""Service benchmark: request rates of the API and the delay of live metrics over SSE, on PostgreSQL + Redis.
+
+One run starts the API (uvicorn, ``--api-workers`` processes on a free 127.0.0.1 port) and a worker
+(``python -m worker.main``) on a fresh PostgreSQL database and an unused Redis database, then measures:
+
+1. ``POST /v1/jobs`` (a bert-base-uncased fine-tune on a CSV under the data root, sent to a queue no
+   worker consumes, so nothing trains) with ``--clients`` concurrent clients: requests/s, p50, p99;
+   beside ``GET /healthz`` (a bare FastAPI endpoint: no database, no auth) measured the same way;
+2. ``POST /v1/estimates/memory`` for the same catalog model, likewise;
+3. the delay from a ``metric`` event leaving the training process (its ``time`` stamp) to an SSE
+   client of ``/v1/jobs/{id}/events`` receiving it, on a real tiny training job (config-built BERT).
+
+It prints the figures beside the goals of issue 4 and exits with 1 when a goal is missed. The database
+is dropped, the Redis database flushed and every process stopped at the end, also on errors and Ctrl-C.
+The load client runs in this process, on the same cores as the service.
+
+    .venv/bin/python bench/bench_api.py [--requests 2000] [--clients 32] [--api-workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from sqlalchemy.orm import Session
+
+from api.auth import create_api_key
+from api.db import Base
+from api.db.session import make_engine
+from api.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+RESERVED_REDIS_DBS = {0, 13}  # the default one and the end-to-end tests' own
+CATALOG_MODEL = "bert-base-uncased"
+SSE_STEPS = 80  # one metric event per step (logging_steps=1)
+GOAL_SUBMIT_RATE, GOAL_SUBMIT_P99_MS, GOAL_ESTIMATE_RATIO, GOAL_SSE_P50_MS = 200.0, 100.0, 0.5, 200.0
+TINY_BERT = {"model_type": "bert", "vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "intermediate_size": 37, "max_position_embeddings": 128}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def claim_redis_db(tag: str) -> int:
+    """An empty Redis database, claimed with a marker key so a concurrent run picks another one."""
+    for db in range(15, 0, -1):
+        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
+        if db not in RESERVED_REDIS_DBS and client.dbsize() == 0 and client.set("trainjobs-bench", tag, nx=True):
+            return db
+    raise RuntimeError("no empty Redis database among 1..15")
+
+
+def write_csv(directory: Path, rows: int) -> dict[str, str]:
+    """A small two-class sentiment CSV per split (columns text, label)."""
+    rng = random.Random(0)
+    words = {"positive": ["great", "lovely", "superb", "fun"], "negative": ["awful", "dull", "poor", "sad"]}
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, n in (("train", rows), ("validation", rows // 4)):
+        path = directory / f"{split}.csv"
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["text", "label"])
+            for i in range(n):
+                label = "positive" if i % 2 else "negative"
+                writer.writerow([f"the film was {rng.choice(words[label])} and {rng.choice(words[label])}", label])
+        files[split] = str(path)
+    return files
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live pids whose command line contains ``marker`` (this run's home or queue name)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+@dataclass
+class Service:
+    url: str
+    api_key: str
+    home: Path
+    data_root: Path
+    worker_queue: str
+    worker_log: Path
+
+
+def service_env(settings_env: dict[str, str]) -> dict[str, str]:
+    aliases = {info.validation_alias for info in Settings.model_fields.values()}
+    env = {k: v for k, v in os.environ.items() if k not in aliases}
+    env.update(settings_env, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextmanager
+def running_service(api_workers: int) -> Iterator[Service]:
+    """API + worker on a fresh PostgreSQL database and Redis database; everything removed afterwards."""
+    tag = uuid.uuid4().hex[:10]
+    home = Path(tempfile.mkdtemp(prefix=f"trainjobs-bench-{tag}-"))
+    db_name = f"trainjobs_bench_{tag}"
+    redis_db: int | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    worker_queue = f"bench-sse-{tag}"
+    try:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{db_name}"')
+        redis_db = claim_redis_db(tag)
+        env_settings = {
+            "TRAINJOBS_HOME": str(home),
+            "DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:5432/{db_name}",
+            "BROKER_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}",
+            "TRAINJOBS_CANCEL_GRACE_SECONDS": "5",
+        }
+        settings = Settings.model_validate(env_settings)
+        engine = make_engine(settings.database_url)
+        Base.metadata.create_all(engine)
+        with Session(engine) as session:
+            api_key = create_api_key(session, "bench", settings=settings)
+            session.commit()
+        engine.dispose()
+        env = service_env(env_settings)
+        logs = home / "logs"
+        logs.mkdir()
+        port = free_port()
+
+        def start(name: str, argv: list[str]) -> None:
+            with (logs / f"{name}.log").open("wb") as log:
+                procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))  # fmt: skip
+
+        start("api", [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
+                      "--port", str(port), "--workers", str(api_workers), "--log-level", "warning",
+                      "--no-access-log"])  # fmt: skip
+        start("worker", [sys.executable, "-m", "worker.main", "--queues", worker_queue])
+        service = Service(f"http://127.0.0.1:{port}", api_key, home, settings.data_root, worker_queue,
+                          logs / "worker.log")  # fmt: skip
+        wait_until_ready(service, procs)
+        yield service
+    except BaseException:
+        for log in sorted((home / "logs").glob("*.log")):
+            sys.stderr.write(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-2000:]}\n")
+        raise
+    finally:
+        for proc in reversed(procs):  # the worker first: it waits for its slot to shut down warm
+            stop_process(proc, 45)
+        for marker in (str(home), worker_queue):  # training runs and slots live in their own sessions
+            for pid in processes_mentioning(marker):
+                os.kill(pid, signal.SIGKILL)
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        if redis_db is not None:
+            redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=redis_db).flushdb()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def wait_until_ready(service: Service, procs: list[subprocess.Popen[bytes]], timeout: float = 120) -> None:
+    """Until /readyz answers and the worker's slot logged that it is ready (idle, so it adds no load)."""
+    deadline = time.monotonic() + timeout
+    api_ready = False
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a service process exited during start-up")
+        if not api_ready:
+            with suppress(httpx.TransportError):
+                api_ready = httpx.get(f"{service.url}/readyz", timeout=5).status_code == 200
+        if api_ready and " ready." in service.worker_log.read_text(errors="replace"):
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"the service was not ready after {timeout:.0f}s")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+@dataclass
+class Load:
+    name: str
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.seconds
+
+
+@dataclass
+class Endpoint:
+    name: str
+    method: str
+    url: str
+    expect: int
+    body: dict[str, Any] | None = None
+
+
+async def hammer(client: httpx.AsyncClient, endpoint: Endpoint, total: int, clients: int) -> Load:
+    """``total`` requests from ``clients`` concurrent loops; fails on the first unexpected status."""
+    remaining = total
+    latencies: list[float] = []
+
+    async def one_client() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            response = await client.request(endpoint.method, endpoint.url, json=endpoint.body)
+            latencies.append(time.perf_counter() - t0)
+            if response.status_code != endpoint.expect:
+                raise RuntimeError(f"{endpoint.name}: {response.status_code} {response.text[:500]}")
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    return Load(endpoint.name, time.perf_counter() - start, latencies)
+
+
+async def measure_requests(service: Service, spec: dict[str, Any], args: argparse.Namespace) -> list[Load]:
+    """Warm up, then measure the bare endpoint, job submissions and memory estimates, in that order."""
+    submit_queue = f"bench-unconsumed-{uuid.uuid4().hex[:8]}"  # no worker: the jobs stay queued
+    endpoints = [
+        Endpoint("GET /healthz (bare)", "GET", "/healthz", 200),
+        Endpoint("POST /v1/jobs", "POST", "/v1/jobs", 201, {**spec, "queue": submit_queue}),
+        Endpoint("POST /v1/estimates/memory", "POST", "/v1/estimates/memory", 200, {"spec": spec}),
+    ]
+    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
+    headers = {"Authorization": f"Bearer {service.api_key}"}
+    async with httpx.AsyncClient(base_url=service.url, headers=headers, limits=limits, timeout=60) as client:
+        for endpoint in endpoints:
+            await hammer(client, endpoint, args.warmup, args.clients)
+        return [await hammer(client, endpoint, args.requests, args.clients) for endpoint in endpoints]
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def measure_sse(service: Service, files: dict[str, str]) -> tuple[list[float], str]:
+    """Submit a tiny training job, follow its events; per metric event: receive time - emit time."""
+    spec = {
+        "name": "bench-sse", "task": "text-classification", "model": {"config": TINY_BERT},
+        "dataset": {"path": "csv", "data_files": files, "text_column": "text", "label_column": "label"},
+        "preprocessing": {"max_length": 32},
+        "training": {"max_steps": SSE_STEPS, "per_device_train_batch_size": 8, "logging_steps": 1,
+                     "eval_strategy": "no", "save_steps": 10_000, "seed": 0},
+        "queue": service.worker_queue,
+    }  # fmt: skip
+    delays: list[float] = []
+    status = "unknown"
+    headers = {"Authorization": f"Bearer {service.api_key}"}
+    with httpx.Client(base_url=service.url, headers=headers, timeout=httpx.Timeout(30, read=120)) as client:
+        created = client.post("/v1/jobs", json=spec)
+        if created.status_code != 201:
+            raise RuntimeError(f"SSE job submit: {created.status_code} {created.text[:500]}")
+        job_id = created.json()["id"]
+        deadline = time.monotonic() + 150
+        with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+            kind = ""
+            for line in response.iter_lines():
+                received = datetime.now(UTC)
+                if line.startswith("event:"):
+                    kind = line.partition(":")[2].strip()
+                elif line.startswith("data:") and kind == "metric":
+                    data = json.loads(line[5:])
+                    delays.append((received - parse_time(data["time"])).total_seconds())
+                elif line.startswith("data:") and kind == "status":
+                    status = json.loads(line[5:])["status"]
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the SSE job did not finish in 150 s")
+    return delays, status
+
+
+def report(loads: list[Load], delays: list[float], status: str, args: argparse.Namespace) -> bool:
+    """Print the figures and the goals; True when every goal is met."""
+    bare, submit, estimate = loads
+    print(f"\ntrainjobs API on PostgreSQL + Redis: {args.api_workers} uvicorn worker(s), {os.cpu_count()} CPU(s), "
+          f"{args.clients} concurrent clients, {args.requests} requests each after {args.warmup} warm-up")  # fmt: skip
+    print(f"\n{'measurement':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs bare':>9}")
+    for load in loads:
+        p50, p99 = percentile(load.latencies, 50) * 1e3, percentile(load.latencies, 99) * 1e3
+        print(f"{load.name:<34}{load.rate:>9.0f}{p50:>9.1f}{p99:>9.1f}{load.rate / bare.rate:>9.2f}")
+    sse_p50 = percentile(delays, 50) * 1e3 if delays else float("inf")
+    sse_p99 = percentile(delays, 99) * 1e3 if delays else float("inf")
+    print(f"{f'SSE metric delay ({len(delays)} events)':<34}{'':>9}{sse_p50:>9.1f}{sse_p99:>9.1f}"
+          f"   job {status}")  # fmt: skip
+    submit_p99 = percentile(submit.latencies, 99) * 1e3
+    goals = [
+        (f"submissions >= {GOAL_SUBMIT_RATE:.0f}/s", f"{submit.rate:.0f}/s", submit.rate >= GOAL_SUBMIT_RATE),
+        (f"submission p99 <= {GOAL_SUBMIT_P99_MS:.0f} ms", f"{submit_p99:.1f} ms", submit_p99 <= GOAL_SUBMIT_P99_MS),
+        (f"estimates >= {GOAL_ESTIMATE_RATIO:.0%} of bare rate", f"{estimate.rate / bare.rate:.0%}",
+         estimate.rate / bare.rate >= GOAL_ESTIMATE_RATIO),
+        (f"SSE delay p50 <= {GOAL_SSE_P50_MS:.0f} ms", f"{sse_p50:.1f} ms",
+         sse_p50 <= GOAL_SSE_P50_MS and len(delays) >= 50 and status == "succeeded"),
+    ]  # fmt: skip
+    print(f"\n{'goal':<36}{'measured':>12}  result")
+    for goal, measured, met in goals:
+        print(f"{goal:<36}{measured:>12}  {'PASS' if met else 'MISS'}")
+    return all(met for _, _, met in goals)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000, help="measured requests per endpoint")
+    parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests per endpoint first")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients")
+    # One process per core: the handlers are CPU-bound Python; more processes only add switching.
+    parser.add_argument("--api-workers", type=int, default=2, help="uvicorn worker processes")
+    args = parser.parse_args()
+
+    def interrupted(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)  # clean up on SIGTERM as on Ctrl-C
+    started = time.monotonic()
+    with running_service(args.api_workers) as service:
+        print(f"service ready in {time.monotonic() - started:.1f} s", flush=True)
+        files = write_csv(service.data_root / "bench", rows=64)
+        spec = {
+            "name": "bench-submit", "task": "text-classification", "model": {"name_or_path": CATALOG_MODEL},
+            "dataset": {"path": "csv", "data_files": files, "text_column": "text", "label_column": "label"},
+            "training": {"num_train_epochs": 1, "per_device_train_batch_size": 16},
+        }  # fmt: skip
+        loads = asyncio.run(measure_requests(service, spec, args))
+        print(f"requests measured at {time.monotonic() - started:.1f} s", flush=True)
+        delays, status = measure_sse(service, files)
+    ok = report(loads, delays, status, args)
+    print(f"\ntotal {time.monotonic() - started:.1f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
