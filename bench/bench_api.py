@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import csv
 import json
+import math
 import os
 import random
 import shutil
@@ -34,7 +35,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AsyncExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 RESERVED_REDIS_DBS = {0, 13}  # the default one and the end-to-end tests' own
+UVICORN_FLAG = "--run-uvicorn"
 CATALOG_MODEL = "bert-base-uncased"
 SSE_STEPS = 80  # one metric event per step (logging_steps=1)
 GOAL_SUBMIT_RATE, GOAL_SUBMIT_P99_MS, GOAL_ESTIMATE_RATIO, GOAL_SSE_P50_MS = 200.0, 100.0, 0.5, 200.0
@@ -121,6 +123,30 @@ class Service:
     worker_log: Path
 
 
+def run_uvicorn(argv: list[str]) -> None:
+    """The uvicorn command line, with the multi-worker listener bound so that connections get TCP_NODELAY.
+
+    uvicorn 0.54 binds the ``--workers N`` listener with ``proto`` 0; accepted sockets inherit it and
+    asyncio sets TCP_NODELAY only when it sees IPPROTO_TCP, so every keep-alive request after the first
+    waits ~40 ms for a delayed ACK (Kludex/uvicorn#3149). Re-wrapping the descriptor lets the socket
+    module read the real protocol back from the kernel.
+    """
+    import uvicorn.config
+    import uvicorn.main
+
+    bind = uvicorn.config.Config.bind_socket
+
+    def bind_tcp(config: uvicorn.config.Config) -> socket.socket:
+        sock = bind(config)
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.proto == 0:
+            sock = socket.socket(fileno=sock.detach())
+            sock.set_inheritable(True)
+        return sock
+
+    uvicorn.config.Config.bind_socket = bind_tcp  # type: ignore[method-assign,assignment]
+    uvicorn.main.main(argv)
+
+
 def service_env(settings_env: dict[str, str]) -> dict[str, str]:
     aliases = {info.validation_alias for info in Settings.model_fields.values()}
     env = {k: v for k, v in os.environ.items() if k not in aliases}
@@ -174,7 +200,7 @@ def running_service(api_workers: int) -> Iterator[Service]:
                 procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))  # fmt: skip
 
-        start("api", [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
+        start("api", [sys.executable, __file__, UVICORN_FLAG, "--factory", "api.main:create_app", "--host", "127.0.0.1",
                       "--port", str(port), "--workers", str(api_workers), "--log-level", "warning",
                       "--no-access-log"])  # fmt: skip
         start("worker", [sys.executable, "-m", "worker.main", "--queues", worker_queue])
@@ -218,7 +244,7 @@ def wait_until_ready(service: Service, procs: list[subprocess.Popen[bytes]], tim
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 @dataclass
@@ -241,12 +267,12 @@ class Endpoint:
     body: dict[str, Any] | None = None
 
 
-async def hammer(client: httpx.AsyncClient, endpoint: Endpoint, total: int, clients: int) -> Load:
-    """``total`` requests from ``clients`` concurrent loops; fails on the first unexpected status."""
+async def hammer(clients: list[httpx.AsyncClient], endpoint: Endpoint, total: int) -> Load:
+    """``total`` requests from concurrent loops, one per client; fails on the first unexpected status."""
     remaining = total
     latencies: list[float] = []
 
-    async def one_client() -> None:
+    async def one_client(client: httpx.AsyncClient) -> None:
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
@@ -257,7 +283,7 @@ async def hammer(client: httpx.AsyncClient, endpoint: Endpoint, total: int, clie
                 raise RuntimeError(f"{endpoint.name}: {response.status_code} {response.text[:500]}")
 
     start = time.perf_counter()
-    await asyncio.gather(*(one_client() for _ in range(clients)))
+    await asyncio.gather(*(one_client(client) for client in clients))
     return Load(endpoint.name, time.perf_counter() - start, latencies)
 
 
@@ -269,12 +295,18 @@ async def measure_requests(service: Service, spec: dict[str, Any], args: argpars
         Endpoint("POST /v1/jobs", "POST", "/v1/jobs", 201, {**spec, "queue": submit_queue}),
         Endpoint("POST /v1/estimates/memory", "POST", "/v1/estimates/memory", 200, {"spec": spec}),
     ]
-    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
     headers = {"Authorization": f"Bearer {service.api_key}"}
-    async with httpx.AsyncClient(base_url=service.url, headers=headers, limits=limits, timeout=60) as client:
+    # One client (one keep-alive connection) per concurrent loop: a single client's shared pool costs
+    # the load generator ~2.5x more CPU per request (httpcore scans the whole pool on every request),
+    # and this load generator shares the service's cores.
+    async with AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=service.url, headers=headers, timeout=60))
+            for _ in range(args.clients)
+        ]
         for endpoint in endpoints:
-            await hammer(client, endpoint, args.warmup, args.clients)
-        return [await hammer(client, endpoint, args.requests, args.clients) for endpoint in endpoints]
+            await hammer(clients, endpoint, args.warmup)
+        return [await hammer(clients, endpoint, args.requests) for endpoint in endpoints]
 
 
 def parse_time(text: str) -> datetime:
@@ -345,6 +377,9 @@ def report(loads: list[Load], delays: list[float], status: str, args: argparse.N
 
 
 def main() -> int:
+    if sys.argv[1:2] == [UVICORN_FLAG]:  # this script as the API's launcher (see run_uvicorn)
+        run_uvicorn(sys.argv[2:])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="measured requests per endpoint")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests per endpoint first")
