@@ -124,26 +124,13 @@ class Service:
 
 
 def run_uvicorn(argv: list[str]) -> None:
-    """The uvicorn command line, with the multi-worker listener bound so that connections get TCP_NODELAY.
-
-    uvicorn 0.54 binds the ``--workers N`` listener with ``proto`` 0; accepted sockets inherit it and
-    asyncio sets TCP_NODELAY only when it sees IPPROTO_TCP, so every keep-alive request after the first
-    waits ~40 ms for a delayed ACK (Kludex/uvicorn#3149). Re-wrapping the descriptor lets the socket
-    module read the real protocol back from the kernel.
-    """
-    import uvicorn.config
+    """The uvicorn command line, with the listener fix ``trainjobs serve`` uses (TCP_NODELAY with
+    ``--workers N``: see :func:`trainjobs.commands.service.tcp_nodelay_listener`)."""
     import uvicorn.main
 
-    bind = uvicorn.config.Config.bind_socket
+    from trainjobs.commands.service import tcp_nodelay_listener
 
-    def bind_tcp(config: uvicorn.config.Config) -> socket.socket:
-        sock = bind(config)
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.proto == 0:
-            sock = socket.socket(fileno=sock.detach())
-            sock.set_inheritable(True)
-        return sock
-
-    uvicorn.config.Config.bind_socket = bind_tcp  # type: ignore[method-assign,assignment]
+    tcp_nodelay_listener()
     uvicorn.main.main(argv)
 
 

@@ -13,11 +13,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.settings import get_settings
 
 
-def make_engine(url: str) -> Engine:
-    """An engine with the settings each backend needs for several writer processes."""
+def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
+    """An engine with the settings each backend needs for several writer processes.
+
+    ``pool_size``: connections kept open (server databases only). The default (5) suits scripts and
+    the worker; a busy API process needs more, or every request beyond the fifth concurrent one
+    opens a new connection and closes it again (a PostgreSQL backend start each time).
+    """
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    elif pool_size is not None:
+        kwargs["pool_size"] = pool_size
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):
 

@@ -10,15 +10,28 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
 from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
+from api.auth import Caller
 from api.db.jobstore import transition
 from api.db.models import Job, JobStatus
-from api.deps import CallerDep, EnqueueDep, OwnedJob, SessionDep, SettingsDep, owned_dataset
+from api.deps import (
+    CallerDep,
+    EnqueueDep,
+    Enqueuer,
+    OwnedJob,
+    SessionDep,
+    SessionFactoryDep,
+    SettingsDep,
+    owned_dataset,
+)
 from api.estimation import estimate_for_submit
 from api.paths import check_spec_locations, resolve_uploaded_dataset
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
+from api.settings import Settings
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
@@ -30,47 +43,58 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses
     response_model=JobOut,
     responses=problem_responses(503),
 )
-def submit_job(
+async def submit_job(
     body: JobCreate,
-    session: SessionDep,
+    sessions: SessionFactoryDep,
     settings: SettingsDep,
     caller: CallerDep,
     enqueue: EnqueueDep,
     response: Response,
 ) -> JobOut:
     """Validate, estimate, store and enqueue a job; nothing is stored when any check fails."""
+    # All the blocking work in one threadpool call: as a plain `def` route with a session dependency
+    # it took four hand-offs (session open, call, response validation, session close).
+    job = await run_in_threadpool(create_job, body, sessions, settings, caller, enqueue)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job
+
+
+def create_job(
+    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, enqueue: Enqueuer
+) -> JobOut:
+    """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
     spec = body.job_spec()
     queue = body.queue or settings.default_queue
-    dataset_id = None
-    if spec.dataset.id is not None:
-        dataset = owned_dataset(session, spec.dataset.id, caller, field="dataset.id")
-        dataset_id = dataset.id
-        spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
-    spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
-    estimate = estimate_for_submit(spec, queue, settings)
-    job = Job(
-        owner=caller.owner,
-        name=spec.name,
-        queue=queue,
-        priority=body.priority,
-        spec=spec.model_dump(mode="json", exclude_unset=True),
-        estimate=estimate,
-        dataset_id=dataset_id,
-    )
-    session.add(job)
-    session.commit()
-    try:
-        enqueue(job.id, queue, body.priority, settings)
-    except Exception as exc:
-        # The job was never handed to a worker: fail it visibly rather than leave it queued forever.
-        logger.exception("enqueue of job %s failed", job.id)
-        transition(
-            session, job.id, JobStatus.failed, reason="enqueue_failed", message=str(exc), expect=JobStatus.queued
+    with sessions() as session:
+        dataset_id = None
+        if spec.dataset.id is not None:
+            dataset = owned_dataset(session, spec.dataset.id, caller, field="dataset.id")
+            dataset_id = dataset.id
+            spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
+        spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
+        estimate = estimate_for_submit(spec, queue, settings)
+        job = Job(
+            owner=caller.owner,
+            name=spec.name,
+            queue=queue,
+            priority=body.priority,
+            spec=spec.model_dump(mode="json", exclude_unset=True),
+            estimate=estimate,
+            dataset_id=dataset_id,
         )
+        session.add(job)
         session.commit()
-        raise Problem(503, "the queue is unreachable; the job was not started, submit it again later") from exc
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return JobOut.from_job(job)
+        try:
+            enqueue(job.id, queue, body.priority, settings)
+        except Exception as exc:
+            # The job was never handed to a worker: fail it visibly rather than leave it queued forever.
+            logger.exception("enqueue of job %s failed", job.id)
+            transition(
+                session, job.id, JobStatus.failed, reason="enqueue_failed", message=str(exc), expect=JobStatus.queued
+            )
+            session.commit()
+            raise Problem(503, "the queue is unreachable; the job was not started, submit it again later") from exc
+        return JobOut.from_job(job)
 
 
 def encode_cursor(job: Job) -> str:

@@ -50,6 +50,9 @@ class RequestMetricsMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # (method, route, status) -> the histogram's child: `labels()` validates and locks on every
+        # call, which costs more than the observation itself.
+        self._series: dict[tuple[str, str, str], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -66,10 +69,12 @@ class RequestMetricsMiddleware:
                 template = getattr(route, "path", None) or "unmatched"
                 fastapi_app = scope.get("app")
                 if fastapi_app is not None:
-                    _registry(fastapi_app)
-                    fastapi_app.state.request_latency.labels(scope["method"], template, str(status["code"])).observe(
-                        time.perf_counter() - started
-                    )
+                    labels = (scope["method"], template, str(status["code"]))
+                    series = self._series.get(labels)
+                    if series is None:
+                        _registry(fastapi_app)
+                        series = self._series[labels] = fastapi_app.state.request_latency.labels(*labels)
+                    series.observe(time.perf_counter() - started)
             await send(message)
 
         await self.app(scope, receive, send_and_observe)

@@ -197,8 +197,8 @@ def test_worker_shutdown_requeues_and_a_new_worker_resumes(tmp_path: Path) -> No
     """Stopping the worker (SIGTERM, like Ctrl-C in `trainjobs dev`) checkpoints the running job and
     puts it back on the queue; the next worker resumes it from the checkpoint to success."""
     with started_service("embedded", tmp_path) as service, service.client(timeout=30) as client:
-        # long enough that the worker's shutdown lands mid-run even on an idle machine
-        spec = quick_spec(data_files(service.settings), num_train_epochs=8)
+        # Long enough (tiny steps take ~20 ms) that the worker's shutdown lands mid-run on any machine.
+        spec = quick_spec(data_files(service.settings), num_train_epochs=50, eval_strategy="no")
         job_id = client.post("/v1/jobs", json={**spec, "queue": service.queue}).json()["id"]
         deadline = time.monotonic() + 60
         while client.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] < 3:
@@ -210,7 +210,7 @@ def test_worker_shutdown_requeues_and_a_new_worker_resumes(tmp_path: Path) -> No
         assert (job["status"], job["attempts"]) == ("queued", 1)
         assert processes_mentioning(str(service.settings.home / "runs")) == []
         stopped_at, total = job["progress"]["step"], job["progress"]["total"]
-        assert total == 64  # 8 epochs x 8 optimizer steps
+        assert total == 400  # 50 epochs x 8 optimizer steps
         assert 3 <= stopped_at < total
 
         restarted = start_worker(service)

@@ -16,6 +16,33 @@ from api.settings import Settings
 log = logging.getLogger(__name__)
 
 
+def tcp_nodelay_listener() -> None:
+    """Make uvicorn's ``--workers N`` listener hand out sockets that get TCP_NODELAY (idempotent).
+
+    uvicorn 0.54 binds that listener with ``proto`` 0; accepted sockets inherit it and asyncio sets
+    TCP_NODELAY only when it sees IPPROTO_TCP, so every keep-alive request after the first waits
+    ~40 ms for a delayed ACK (Kludex/uvicorn#3149). Re-wrapping the descriptor lets the socket module
+    read the real protocol back from the kernel. A single process (``--workers 1``) is not affected.
+    """
+    import socket
+
+    import uvicorn.config
+
+    bind = uvicorn.config.Config.bind_socket
+    if getattr(bind, "trainjobs_nodelay", False):
+        return
+
+    def bind_tcp(config: uvicorn.config.Config) -> socket.socket:
+        sock = bind(config)
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.proto == 0:
+            sock = socket.socket(fileno=sock.detach())
+            sock.set_inheritable(True)
+        return sock
+
+    bind_tcp.trainjobs_nodelay = True  # type: ignore[attr-defined]
+    uvicorn.config.Config.bind_socket = bind_tcp  # type: ignore[method-assign,assignment]
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -28,6 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     configure_logging()
+    tcp_nodelay_listener()
     uvicorn.run(
         "api.main:create_app",
         factory=True,
