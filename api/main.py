@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import lru_cache
 
+import anyio.to_thread
 from fastapi import APIRouter, FastAPI
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -42,6 +43,7 @@ ROUTERS: list[APIRouter] = [
 # Connections each API process keeps open: about the requests it serves at once (the threadpool
 # runs at most 40), so that a burst reuses connections instead of opening and closing them.
 API_POOL_SIZE = 20
+API_THREADS = 8
 
 
 def _warm_up() -> None:
@@ -62,6 +64,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with app.state.sessionmaker() as session:
             ensure_bootstrap_key(session, settings)
 
+    # Fewer threads than anyio's 40: request work is short CPU-bound Python plus database round trips,
+    # and dozens of threads taking turns on the GIL starve the event loop (measured: bench_api.py).
+    anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
     await run_in_threadpool(bootstrap)
     threading.Thread(target=_warm_up, name="trainjobs-warm-up", daemon=True).start()
     yield

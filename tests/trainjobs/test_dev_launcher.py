@@ -56,7 +56,9 @@ def interrupt(process: subprocess.Popen[bytes]) -> None:
 def test_ctrl_c_then_restart_finishes_the_running_job(tmp_path: Path) -> None:
     home, port = tmp_path / "var", free_port()
     files = write_sentiment_csv(home / "data" / "reviews", n_train=96, n_val=16)
-    spec: dict[str, Any] = job_spec(files, "interrupted", training={"num_train_epochs": 6, "save_steps": 2})
+    # Long enough (360 tiny steps) that Ctrl-C lands mid-run however fast the machine is.
+    training = {"num_train_epochs": 30, "save_steps": 2, "eval_strategy": "no"}
+    spec: dict[str, Any] = job_spec(files, "interrupted", training=training)
     dev = start_dev(home, port)
     try:
         client = Client(f"http://127.0.0.1:{port}", KEY)  # the key from TRAINJOBS_API_KEY is the admin's
