@@ -1,8 +1,8 @@
 """The memory estimator as the API uses it: estimates for jobs, and the budget check on submit.
 
 ``trainer_core.memory`` loads torch and transformers configs, so it is imported on first use; the
-routes calling this are plain ``def`` routes, which FastAPI runs in its threadpool, so the event loop
-stays free while the estimator works.
+routes call this inside ``run_in_threadpool``, so the event loop stays free while the estimator works
+(a model's first estimate builds it on the meta device).
 """
 
 from __future__ import annotations

@@ -40,10 +40,13 @@ ROUTERS: list[APIRouter] = [
     estimates.router,
 ]
 
-# Connections each API process keeps open: about the requests it serves at once (the threadpool
-# runs at most 40), so that a burst reuses connections instead of opening and closing them.
-API_POOL_SIZE = 20
+# Threads each API process runs blocking request work on (anyio's default: 40). The work is short
+# CPU-bound Python plus database round trips; dozens of threads taking turns on the GIL starve the
+# event loop (bench_api.py: 8 threads ~1.5-2x the submit and estimate rates of 40, p99 halved).
 API_THREADS = 8
+# Connections kept open: one per thread (a thread uses one at a time), so that a burst reuses them
+# instead of opening and closing a PostgreSQL connection per request beyond the fifth.
+API_POOL_SIZE = API_THREADS
 
 
 def _warm_up() -> None:
@@ -64,8 +67,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with app.state.sessionmaker() as session:
             ensure_bootstrap_key(session, settings)
 
-    # Fewer threads than anyio's 40: request work is short CPU-bound Python plus database round trips,
-    # and dozens of threads taking turns on the GIL starve the event loop (measured: bench_api.py).
     anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
     await run_in_threadpool(bootstrap)
     threading.Thread(target=_warm_up, name="trainjobs-warm-up", daemon=True).start()
