@@ -17,9 +17,12 @@ This module imports neither torch nor the training code: the API imports it to e
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
+from kombu import Exchange, Queue
+from sqlalchemy.exc import IntegrityError
 
 from api.settings import Settings, get_settings
 
@@ -96,6 +99,27 @@ def broker_priority(priority: int, broker_url: str) -> int:
     """Map a job priority (0..9, higher first) to the broker's own scale (Redis: lower first)."""
     clamped = max(MIN_PRIORITY, min(MAX_PRIORITY, int(priority)))
     return MAX_PRIORITY - clamped if is_redis(broker_url) else clamped
+
+
+def declare_queues(queues: Sequence[str], settings: Settings | None = None, attempts: int = 3) -> None:
+    """Create ``queues`` on the broker (a direct exchange and binding each, as Celery's own).
+
+    Call it once before several consumers start: kombu's SQLAlchemy transport (the embedded broker)
+    creates a queue's row with a plain INSERT on first use, so two worker slots starting together on
+    a fresh broker race on it and the loser dies on the UNIQUE constraint. Each attempt uses a fresh
+    connection, since the losing one's session is left unusable.
+    """
+    app = celery_for(settings or get_settings())
+    for attempt in range(1, attempts + 1):
+        try:
+            with app.connection_for_write() as conn:
+                channel = conn.default_channel
+                for name in queues:
+                    Queue(name, Exchange(name, type="direct"), routing_key=name, channel=channel).declare()
+            return
+        except IntegrityError:
+            if attempt == attempts:
+                raise
 
 
 def enqueue_job(job_id: str, queue: str, priority: int, settings: Settings | None = None) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from api.settings import Settings, get_settings
+from worker.celery_app import declare_queues
 from worker.recovery import recover_orphaned_jobs
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def start_slots(
     queues: Sequence[str], gpus: Sequence[str] | None, settings: Settings, loglevel: str = "INFO"
 ) -> list[subprocess.Popen[bytes]]:
     """Start one slot per GPU (``gpus``), or a single slot when there are none."""
+    # Before the slots: they would race to create the queues on a fresh embedded broker.
+    declare_queues(queues, settings)
     aliases = {info.validation_alias for info in Settings.model_fields.values()}
     # Only what `settings` says: a variable of this process that it overrides with None must go.
     base_env = {k: v for k, v in os.environ.items() if k not in aliases}

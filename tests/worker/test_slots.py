@@ -35,3 +35,18 @@ def test_one_slot_per_gpu_with_its_device(tmp_path: Path) -> None:
     finally:
         stop_slots(procs, timeout_s=30)
     assert [p.returncode for p in procs] == [0, 0]  # a warm shutdown, not a kill
+
+
+def test_queues_are_declared_once_before_the_slots_start(tmp_path: Path) -> None:
+    """Two slots starting on a fresh embedded broker used to race to INSERT the queue's row, and the
+    loser died on the UNIQUE constraint; the queues now exist before any slot starts."""
+    import sqlite3
+
+    from worker.celery_app import declare_queues
+
+    settings = make_settings(tmp_path)
+    declare_queues(["q-a", "q-b"], settings)
+    declare_queues(["q-a"], settings)  # idempotent: a restart declares them again
+    with sqlite3.connect(tmp_path / "broker.db") as conn:
+        names = sorted(row[0] for row in conn.execute("SELECT name FROM kombu_queue"))
+    assert names == ["q-a", "q-b"]
