@@ -12,10 +12,10 @@ import math
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, TextIO, get_args
 
 EventKind = Literal["progress", "metric", "eval", "memory", "log", "done"]
-EVENT_KINDS: tuple[str, ...] = ("progress", "metric", "eval", "memory", "log", "done")
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 RunStatus = Literal["succeeded", "failed", "cancelled"]
 
 Event = dict[str, Any]

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -30,8 +30,8 @@ SchedulerName = Literal[
 ]
 EvalStrategy = Literal["no", "steps", "epoch"]
 
-TASKS: tuple[str, ...] = ("text-classification", "image-classification", "audio-classification")
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "adamw_8bit")
+# Derived from the Literal, so the planner's list of optimizers can never drift from the schema's.
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 BUILTIN_DATASET_BUILDERS = ("csv", "json", "parquet", "imagefolder", "audiofolder")
 
 

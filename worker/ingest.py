@@ -77,7 +77,6 @@ class EventIngestor:
         self.held_progress: Event | None = None  # newest progress event not stored yet (throttled)
         self.last_progress_row_at = float("-inf")
         self.last_flush_at = time.monotonic()
-        self.events_stored = 0
         self.latest_metrics: dict[str, Any] = {}
         self.measured_memory: dict[str, Any] | None = None
 
@@ -125,7 +124,6 @@ class EventIngestor:
             if held is not None:
                 # Not stored as a row yet (throttled), but the job's fields follow it already.
                 session.execute(update(Job).where(Job.id == self.job_id).values(**self._progress_fields(held)))
-        self.events_stored += len(batch)
         return len(batch)
 
     def _write(self, session: Session, batch: list[Event]) -> None:

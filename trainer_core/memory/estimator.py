@@ -22,9 +22,6 @@ MIB = 1024**2
 # torch.cuda.max_memory_allocated does not count. Override per call or with the environment variable.
 DEFAULT_OVERHEAD_BYTES = 1 * GIB
 OVERHEAD_ENV = "TRAINJOBS_MEMORY_OVERHEAD_BYTES"
-# DistributedDataParallel's default bucket_cap_mb; the buckets together hold one copy of every
-# gradient (accelerate does not set gradient_as_bucket_view), so their sum is the gradient size.
-DDP_BUCKET_CAP_BYTES = 25 * MIB
 FP32 = 4
 TOTAL_FORMULA = (
     "parameters + gradients + optimizer_state + overhead + ddp_buckets"
@@ -110,6 +107,8 @@ def estimate_memory(
     opt = optimizer_memory(structure.tensors, spec.optimizer)
     act = estimate_activations(structure, spec)
     casts = autocast_copy_bytes(structure, spec)
+    # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does
+    # not set gradient_as_bucket_view), so their sum is the gradient size whatever the bucket cap.
     ddp = grad_bytes if n_devices > 1 else 0
     transient = max(casts, opt.step_temporary_bytes)
     peak_phase = max(act.bytes + casts, opt.step_temporary_bytes)
