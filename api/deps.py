@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.artifacts import ArtifactStore
-from api.auth import Caller, authenticate
+from api.auth import Caller, KeyCache, authenticate_hash, hash_key
 from api.db.models import Dataset, Job
 from api.problems import Problem, validation_problem
 from api.settings import Settings
@@ -40,6 +40,12 @@ async def get_app_settings(request: Request) -> Settings:
 def get_sessionmaker_for(request: Request) -> sessionmaker[Session]:
     maker: sessionmaker[Session] = request.app.state.sessionmaker
     return maker
+
+
+async def get_engine(request: Request) -> Engine:
+    """For single statements that need no session (autocommit work on a pooled connection)."""
+    engine: Engine = request.app.state.engine
+    return engine
 
 
 async def get_session_factory(request: Request) -> sessionmaker[Session]:
@@ -76,6 +82,7 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 # downloads) never holds a connection or an open transaction while it streams.
 SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
 ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifact_store)]
 EnqueueDep = Annotated[Enqueuer, Depends(get_enqueuer)]
 
@@ -83,13 +90,10 @@ bearer_scheme = HTTPBearer(auto_error=False, description="An API key from `train
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="trainjobs"'}
 
 
-def lookup_caller(engine: Engine, key: str, secret: str) -> Caller | None:
-    """One autocommit query on a pooled connection: no session, no BEGIN/ROLLBACK round trips.
-
-    Every request asks the database, so a revoked key stops working at once in every process.
-    """
+def lookup_caller(engine: Engine, key_hash: str) -> Caller | None:
+    """One autocommit query on a pooled connection: no session, no BEGIN/ROLLBACK round trips."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        return authenticate(conn, key, secret)
+        return authenticate_hash(conn, key_hash)
 
 
 async def get_caller(
@@ -100,10 +104,15 @@ async def get_caller(
     """The caller behind ``Authorization: Bearer <key>``; 401 problem when missing or wrong."""
     if credentials is None or not credentials.credentials:
         raise Problem(401, "send `Authorization: Bearer <api key>`", headers=_CHALLENGE)
-    engine: Engine = request.app.state.engine
-    caller = await run_in_threadpool(lookup_caller, engine, credentials.credentials, settings.secret_key)
+    key_hash = hash_key(credentials.credentials, settings.secret_key)
+    cache: KeyCache = request.app.state.key_cache
+    caller = cache.get(key_hash)
     if caller is None:
-        raise Problem(401, "the API key is unknown or revoked", headers=_CHALLENGE)
+        engine: Engine = request.app.state.engine
+        caller = await run_in_threadpool(lookup_caller, engine, key_hash)
+        if caller is None:
+            raise Problem(401, "the API key is unknown or revoked", headers=_CHALLENGE)
+        cache.put(key_hash, caller)
     return caller
 
 

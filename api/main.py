@@ -6,6 +6,7 @@ uses ``api.main:create_app`` as a factory. Routers are a list, so adding one is 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import threading
@@ -19,7 +20,7 @@ from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.artifacts import ArtifactStore
-from api.auth import ensure_bootstrap_key
+from api.auth import KeyCache, ensure_bootstrap_key
 from api.db.session import make_engine
 from api.problems import install_problem_handlers
 from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
@@ -41,15 +42,19 @@ ROUTERS: list[APIRouter] = [
 ]
 
 # Threads each API process runs blocking request work on (anyio's default: 40). The work is short
-# CPU-bound Python plus database round trips; dozens of threads taking turns on the GIL starve the
-# event loop (bench_api.py: 8 threads ~1.5-2x the submit and estimate rates of 40, p99 halved).
-API_THREADS = 8
+# CPU-bound Python plus database and Redis round trips, and every thread that holds the GIL delays
+# the event loop that parses requests and writes answers: bench_api.py measured 40 threads at half
+# the submit rate of 8, and 4 at ~1.15x the rate of 8 with the p99 down from ~130 to ~80 ms.
+API_THREADS = 4
+# Uploads copy, hash and unpack for as long as the file takes: threads of their own, so a few large
+# uploads never hold the threads every other route needs (api/routes/datasets.py).
+UPLOAD_THREADS = 2
 # Connections kept open: one per thread (a thread uses one at a time), so that a burst reuses them
-# instead of opening and closing a PostgreSQL connection per request beyond the fifth.
-API_POOL_SIZE = API_THREADS
+# instead of opening and closing a PostgreSQL connection per request beyond the pool.
+API_POOL_SIZE = API_THREADS + UPLOAD_THREADS
 
 
-def _warm_up() -> None:
+def _warm_up(done: threading.Event) -> None:
     # The estimator imports torch and transformers, enqueueing imports Celery (seconds, once): do it
     # at start, off the event loop, rather than in the first submit.
     for module in ("trainer_core.memory", "worker.celery_app"):
@@ -57,6 +62,11 @@ def _warm_up() -> None:
             importlib.import_module(module)
         except ImportError:
             logger.exception("warm-up import of %s failed", module)
+    # Those imports leave ~1M long-lived objects that every full collection would walk again (a
+    # stall of 100+ ms every few hundred requests, which set the submit p99). Freezing moves them
+    # out of the collector's generations; objects made later are collected as usual.
+    gc.freeze()
+    done.set()
 
 
 @asynccontextmanager
@@ -68,8 +78,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             ensure_bootstrap_key(session, settings)
 
     anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
+    app.state.upload_limiter = anyio.CapacityLimiter(UPLOAD_THREADS)
     await run_in_threadpool(bootstrap)
-    threading.Thread(target=_warm_up, name="trainjobs-warm-up", daemon=True).start()
+    threading.Thread(target=_warm_up, args=(app.state.warmed_up,), name="trainjobs-warm-up", daemon=True).start()
     yield
     app.state.engine.dispose()
 
@@ -89,6 +100,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
     app.state.artifacts = ArtifactStore(settings.artifacts_root)
+    app.state.key_cache = KeyCache(settings.auth_cache_seconds)
+    # Set once the warm-up imports are done (readyz reports it; the first submit no longer waits).
+    app.state.warmed_up = threading.Event()
     install_problem_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     # queue name -> per-device GPU memory budget in GB, e.g. {"gpu-24g": 24, "gpu-80g": 80}
     queue_budgets: dict[str, float] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_BUDGETS")
     memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias="TRAINJOBS_MEMORY_OVERHEAD_MB")
+    # How long an API process trusts a key it has checked; a revocation takes effect within this time.
+    auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
 
     @field_validator("queue_budgets", mode="before")
     @classmethod

@@ -27,6 +27,8 @@ from sqlalchemy.exc import IntegrityError
 from api.settings import Settings, get_settings
 
 TASK_NAME = "trainjobs.run_job"
+# kombu's Redis transport with a reused publishing client (see worker.redis_transport).
+REDIS_TRANSPORT = "worker.redis_transport:Transport"
 # Job priorities run 0..9, higher starts first (AMQP's convention).
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 
@@ -54,6 +56,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         transport_options.update(priority_steps=list(range(MAX_PRIORITY + 1)), queue_order_strategy="priority")
     return {
         "broker_url": url,
+        # Only for plain redis:// and rediss:// URLs; anything else keeps kombu's choice by scheme.
+        "broker_transport": REDIS_TRANSPORT if url.startswith(("redis://", "rediss://")) else None,
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
@@ -137,6 +141,9 @@ def enqueue_job(job_id: str, queue: str, priority: int, settings: Settings | Non
         routing_key=queue,
         priority=broker_priority(priority, settings.broker_url),
         ignore_result=True,
+        # What monitoring shows for the arguments; given, Celery skips its saferepr of them.
+        argsrepr=repr([job_id]),
+        kwargsrepr="{}",
     )
 
 

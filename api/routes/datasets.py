@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, UploadFile, status
+import anyio.to_thread
+from fastapi import APIRouter, File, Form, Request, UploadFile, status
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
+from api.auth import Caller
 from api.db.base import new_id
 from api.db.models import Dataset
-from api.deps import CallerDep, SessionDep, SettingsDep, owned_dataset
+from api.deps import CallerDep, SessionDep, SessionFactoryDep, SettingsDep, owned_dataset
 from api.schemas.common import problem_responses
 from api.schemas.datasets import DatasetList, DatasetOut
+from api.settings import Settings
 from api.uploads import dataset_dir, store_upload
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=problem_responses(401, 404, 413, 422))
@@ -32,13 +37,24 @@ then submit a job with `"dataset": {"id": "<the returned id>", "text_column": "t
     description="Upload a CSV, JSON lines or Parquet file, or a zip of an image or audio folder "
     "(class-named subfolders). The sha256 of the upload is stored.\n\n" + UPLOAD_EXAMPLE,
 )
-def upload_dataset(
+async def upload_dataset(
+    request: Request,
     file: Annotated[UploadFile, File(description=".csv, .jsonl, .json, .parquet or .zip (image/audio folder)")],
-    session: SessionDep,
+    sessions: SessionFactoryDep,
     settings: SettingsDep,
     caller: CallerDep,
     name: Annotated[str | None, Form(max_length=256, examples=["reviews"])] = None,
 ) -> DatasetOut:
+    # On the uploads' own threads (api.main.UPLOAD_THREADS): storing a large upload takes a while.
+    store = partial(store_dataset, file, sessions, settings, caller, name)
+    result: DatasetOut = await anyio.to_thread.run_sync(store, limiter=request.app.state.upload_limiter)
+    return result
+
+
+def store_dataset(
+    file: UploadFile, sessions: sessionmaker[Session], settings: Settings, caller: Caller, name: str | None
+) -> DatasetOut:
+    """Copy, check and hash the upload into the caller's folder and record it (blocking)."""
     dataset_id = new_id()
     filename = file.filename or "upload"
     stored = store_upload(
@@ -57,9 +73,10 @@ def upload_dataset(
         size_bytes=stored.size_bytes,
         storage_path=stored.storage_path,
     )
-    session.add(row)
-    session.commit()
-    return DatasetOut.from_row(row)
+    with sessions() as session:
+        session.add(row)
+        session.commit()
+        return DatasetOut.from_row(row)
 
 
 @router.get("", response_model=DatasetList)

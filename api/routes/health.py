@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from kombu import Connection
 
 from api.db.session import ping
@@ -29,7 +29,7 @@ def broker_reachable(url: str) -> None:
 
 
 @router.get("/readyz", responses=problem_responses(503))
-def readyz(session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+def readyz(request: Request, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
     checks: dict[str, str] = {}
     try:
         ping(session)
@@ -43,4 +43,6 @@ def readyz(session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
         checks["broker"] = f"error: {type(exc).__name__}"
     if any(v != "ok" for v in checks.values()):
         raise Problem(503, "not ready: " + ", ".join(f"{k} {v}" for k, v in checks.items()), checks=checks)
-    return {"status": "ok", "checks": checks}
+    # Ready either way; `warmed_up` says whether this process has loaded the estimator and Celery,
+    # so the first submit it serves answers at full speed (a load test waits for it).
+    return {"status": "ok", "checks": checks, "warmed_up": request.app.state.warmed_up.is_set()}

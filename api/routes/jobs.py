@@ -9,15 +9,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Engine, and_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Caller
-from api.db.jobstore import transition
+from api.db.jobstore import insert_job, transition
 from api.db.models import Job, JobStatus
 from api.deps import (
     CallerDep,
+    EngineDep,
     EnqueueDep,
     Enqueuer,
     OwnedJob,
@@ -45,6 +46,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses
 )
 async def submit_job(
     body: JobCreate,
+    engine: EngineDep,
     sessions: SessionFactoryDep,
     settings: SettingsDep,
     caller: CallerDep,
@@ -54,26 +56,34 @@ async def submit_job(
     """Validate, estimate, store and enqueue a job; nothing is stored when any check fails."""
     # All the blocking work in one threadpool call: as a plain `def` route with a session dependency
     # it took four hand-offs (session open, call, response validation, session close).
-    job = await run_in_threadpool(create_job, body, sessions, settings, caller, enqueue)
+    job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
 
 
 def create_job(
-    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, enqueue: Enqueuer
+    body: JobCreate,
+    engine: Engine,
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    caller: Caller,
+    enqueue: Enqueuer,
 ) -> JobOut:
     """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
     spec = body.job_spec()
     queue = body.queue or settings.default_queue
-    with sessions() as session:
-        dataset_id = None
-        if spec.dataset.id is not None:
+    dataset_id = None
+    if spec.dataset.id is not None:
+        with sessions() as session:
             dataset = owned_dataset(session, spec.dataset.id, caller, field="dataset.id")
             dataset_id = dataset.id
-            spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
-        spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
-        estimate = estimate_for_submit(spec, queue, settings)
-        job = Job(
+        spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
+    spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
+    estimate = estimate_for_submit(spec, queue, settings)
+    # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        job = insert_job(
+            conn,
             owner=caller.owner,
             name=spec.name,
             queue=queue,
@@ -82,19 +92,18 @@ def create_job(
             estimate=estimate,
             dataset_id=dataset_id,
         )
-        session.add(job)
-        session.commit()
-        try:
-            enqueue(job.id, queue, body.priority, settings)
-        except Exception as exc:
-            # The job was never handed to a worker: fail it visibly rather than leave it queued forever.
-            logger.exception("enqueue of job %s failed", job.id)
+    try:
+        enqueue(job.id, queue, body.priority, settings)
+    except Exception as exc:
+        # The job was never handed to a worker: fail it visibly rather than leave it queued forever.
+        logger.exception("enqueue of job %s failed", job.id)
+        with sessions() as session:
             transition(
                 session, job.id, JobStatus.failed, reason="enqueue_failed", message=str(exc), expect=JobStatus.queued
             )
             session.commit()
-            raise Problem(503, "the queue is unreachable; the job was not started, submit it again later") from exc
-        return JobOut.from_job(job)
+        raise Problem(503, "the queue is unreachable; the job was not started, submit it again later") from exc
+    return JobOut.from_job(job)
 
 
 def encode_cursor(job: Job) -> str:

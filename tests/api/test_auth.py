@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -9,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.auth import authenticate, create_api_key, hash_key
+from api.auth import Caller, KeyCache, authenticate, create_api_key, hash_key
 from api.db.models import ApiKey
 from api.main import create_app
 from api.settings import Settings
@@ -33,12 +34,50 @@ def test_owner_names_are_restricted(session: Session, settings: Settings) -> Non
         create_api_key(session, "../evil", settings=settings)
 
 
-def test_revoked_key_is_401(client: TestClient, keys: Keys, session: Session, settings: Settings) -> None:
-    assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 200
-    row = session.execute(select(ApiKey).where(ApiKey.key_hash == hash_key(keys.bob, settings.secret_key))).scalar_one()
+def revoke(session: Session, key: str, settings: Settings) -> None:
+    row = session.execute(select(ApiKey).where(ApiKey.key_hash == hash_key(key, settings.secret_key))).scalar_one()
     row.revoked_at = datetime.now(UTC)
     session.commit()
-    assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 401
+
+
+def test_revoked_key_is_401_at_once_without_the_cache(keys: Keys, session: Session, settings: Settings) -> None:
+    with TestClient(create_app(settings.model_copy(update={"auth_cache_seconds": 0.0}))) as client:
+        assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 200
+        revoke(session, keys.bob, settings)
+        assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 401
+
+
+def test_revoked_key_is_401_once_the_cached_check_expires(keys: Keys, session: Session, settings: Settings) -> None:
+    ttl = 1.0
+    with TestClient(create_app(settings.model_copy(update={"auth_cache_seconds": ttl}))) as client:
+        assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 200
+        revoked_at = time.monotonic()
+        revoke(session, keys.bob, settings)
+        # Within the TTL the process trusts its earlier check (no database round trip)...
+        assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 200
+        # ...an unknown key is never cached...
+        assert client.get("/v1/jobs", headers=keys.auth(keys.bob + "x")).status_code == 401
+        time.sleep(max(0.0, revoked_at + ttl + 0.05 - time.monotonic()))
+        # ...and after it the revocation holds.
+        assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).status_code == 401
+        assert client.get("/v1/jobs", headers=keys.auth(keys.alice)).status_code == 200
+
+
+def test_key_cache_is_bounded_and_expires() -> None:
+    cache = KeyCache(ttl=60, max_entries=3)
+    callers = [Caller(owner=f"o{i}", is_admin=False, key_id=str(i)) for i in range(4)]
+    for i, caller in enumerate(callers[:3]):
+        cache.put(f"h{i}", caller)
+    assert cache.get("h2") == callers[2]
+    cache.put("h3", callers[3])  # full: starts over
+    assert (cache.get("h0"), cache.get("h3")) == (None, callers[3])
+    expired = KeyCache(ttl=0.01)
+    expired.put("h", callers[0])
+    time.sleep(0.02)
+    assert expired.get("h") is None
+    disabled = KeyCache(ttl=0)
+    disabled.put("h", callers[0])
+    assert disabled.get("h") is None
 
 
 def test_non_bearer_authorization_is_401(client: TestClient, keys: Keys) -> None:

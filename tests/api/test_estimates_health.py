@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -67,6 +70,12 @@ def test_healthz_and_readyz(client: TestClient) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+    # The warm-up thread imports the estimator and Celery, then says so.
+    deadline = time.monotonic() + 120
+    while not client.get("/readyz").json()["warmed_up"]:
+        assert time.monotonic() < deadline, "the API never finished warming up"
+        time.sleep(0.1)
+    assert {"trainer_core.memory", "worker.celery_app"} <= set(sys.modules)
 
 
 def test_readyz_is_503_when_the_broker_is_down(settings: Settings) -> None:

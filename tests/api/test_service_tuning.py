@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio.from_thread
 import anyio.to_thread
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.pool import QueuePool
 
-from api.main import API_POOL_SIZE, API_THREADS
+from api.main import API_POOL_SIZE, API_THREADS, UPLOAD_THREADS
+from api.routes import datasets
+from tests.api.conftest import Keys
 
 
 def _thread_tokens() -> float:
@@ -25,3 +31,32 @@ def test_a_server_database_pool_keeps_a_connection_per_thread(client: TestClient
     assert isinstance(pool, QueuePool)
     # SQLite keeps SQLAlchemy's default (5): one writer at a time, and no server backend to start.
     assert pool.size() == (API_POOL_SIZE if url.startswith("postgresql") else 5)
+
+
+def test_uploads_run_on_threads_of_their_own(
+    client: TestClient, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = client.app
+    seen: list[tuple[float, float]] = []
+    real_store = datasets.store_upload
+
+    def store_and_look(*args: Any, **kwargs: Any) -> Any:
+        # Inside the upload's worker thread: which limiter lent it its token?
+        upload_limiter = app.state.upload_limiter  # type: ignore[attr-defined]
+        seen.append(
+            anyio.from_thread.run_sync(
+                lambda: (
+                    upload_limiter.borrowed_tokens,
+                    anyio.to_thread.current_default_thread_limiter().borrowed_tokens,
+                )
+            )
+        )
+        return real_store(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "store_upload", store_and_look)
+    files = {"file": ("reviews.csv", b"text,label\ngreat,1\n", "text/csv")}
+    response = client.post("/v1/datasets", files=files, headers=keys.auth(keys.alice))
+    assert response.status_code == 201, response.text
+    assert seen == [(1, 0)]
+    assert client.portal is not None
+    assert client.portal.call(lambda: app.state.upload_limiter.total_tokens) == UPLOAD_THREADS  # type: ignore[attr-defined]

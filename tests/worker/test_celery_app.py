@@ -7,11 +7,13 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
 from kombu import Connection
 
 from api.settings import Settings
-from worker.celery_app import TASK_NAME, celery_for, enqueue_job
+from worker import redis_transport
+from worker.celery_app import REDIS_TRANSPORT, TASK_NAME, celery_config, celery_for, enqueue_job
 
 from .conftest import make_settings
 
@@ -53,6 +55,38 @@ def test_redis_delivers_higher_priority_first(tmp_path: Path) -> None:
         client = redis.Redis.from_url(REDIS_URL)
         for key in client.scan_iter(match=f"*{queue}*"):
             client.delete(key)
+
+
+def test_redis_publishing_reuses_one_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # kombu builds a redis.Redis per published message; worker.redis_transport keeps one per channel.
+    settings = make_settings(tmp_path, BROKER_URL=REDIS_URL)
+    assert celery_for(settings).conf.broker_transport == REDIS_TRANSPORT
+    built: list[object] = []
+    real_create = redis_transport.Channel._create_client
+
+    def counting_create(self: redis_transport.Channel, asynchronous: bool = False) -> object:
+        client = real_create(self, asynchronous)
+        if not asynchronous:
+            built.append(client)
+        return client
+
+    monkeypatch.setattr(redis_transport.Channel, "_create_client", counting_create)
+    queue = f"reuse-{uuid.uuid4().hex[:8]}"
+    try:
+        for i in range(5):
+            enqueue_job(f"job{i}", queue, 0, settings)
+        assert drain(settings, queue) == [(TASK_NAME, f"job{i}") for i in range(5)]
+        # One publishing client for the producer's channel (and at most one for the reading one).
+        assert 1 <= len(built) <= 2
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(match=f"*{queue}*"):
+            client.delete(key)
+
+
+def test_only_plain_redis_urls_get_the_custom_transport(tmp_path: Path) -> None:
+    assert celery_config(make_settings(tmp_path))["broker_transport"] is None  # embedded broker
+    assert celery_config(make_settings(tmp_path, BROKER_URL="rediss://h:6380/0"))["broker_transport"] == REDIS_TRANSPORT
 
 
 def test_embedded_broker_keeps_jobs_in_submission_order(tmp_path: Path) -> None:

@@ -111,11 +111,13 @@ def _encoder_shapes(structure: ModelStructure, s: int) -> list[LayerShape]:
     a = int(config_value(c, "num_attention_heads", "encoder_attention_heads", "n_head", "n_heads"))
     inter = int(config_value(c, "intermediate_size", "encoder_ffn_dim", "n_inner", "hidden_dim", default=4 * h))
     kv = int(config_value(c, "num_key_value_heads", default=a))
-    gated = any(".gate_proj." in t.name for t in structure.tensors)
+    gated = structure.memoized("gated_mlp", lambda: any(".gate_proj." in t.name for t in structure.tensors))
     scores = structure.attn_implementation == "eager"
     # DeBERTa's disentangled attention adds a c2p / p2c score matrix per position type (approximation).
     span = s * (1 + len(getattr(c, "pos_att_type", None) or [])) if structure.model_type == "deberta-v2" else s
-    rms = any(t.name.endswith("input_layernorm.weight") for t in structure.tensors)  # Llama-style RMSNorm
+    rms = structure.memoized(  # Llama-style RMSNorm
+        "rms_norm", lambda: any(t.name.endswith("input_layernorm.weight") for t in structure.tensors)
+    )
     shape = LayerShape(s, h, a, inter, kv / a, gated, scores, span, _has_dropout(structure), rms)
     return [shape] * layers
 

@@ -69,7 +69,7 @@ def autocast_copy_bytes(structure: ModelStructure, spec: JobSpec) -> int:
     """16-bit copies autocast makes of Linear/Conv weights; cached for the forward, saved for backward."""
     if spec.efficiency.mixed_precision == "no":
         return 0
-    return sum(2 * t.numel for t in structure.tensors if t.autocast)
+    return 2 * structure.autocast_numel
 
 
 def estimate_memory(
@@ -101,10 +101,15 @@ def estimate_memory(
     budget_gb = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
     overhead = overhead_bytes if overhead_bytes is not None else default_overhead_bytes()
 
-    param_bytes = sum(t.numel * t.itemsize for t in structure.tensors)
+    param_bytes = structure.trainable_bytes
     frozen_bytes = (structure.parameters - structure.trainable_parameters) * FP32
     grad_bytes = param_bytes  # gradients have the parameters' (fp32 master) dtype
-    opt = optimizer_memory(structure.tensors, spec.optimizer)
+    optimizer = spec.optimizer
+    # optimizer_memory reads the optimizer's name, amsgrad and whether beta1 is set: the memo key.
+    opt = structure.memoized(
+        ("optimizer", optimizer.name, optimizer.amsgrad, optimizer.adafactor_beta1 is not None),
+        lambda: optimizer_memory(structure.tensors, optimizer),
+    )
     act = estimate_activations(structure, spec)
     casts = autocast_copy_bytes(structure, spec)
     # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does

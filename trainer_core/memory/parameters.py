@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from accelerate import init_empty_weights
 from torch import nn
@@ -36,9 +37,12 @@ _AUTOCAST_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2
 # A source key says where a config comes from: ("config", json), ("dir", path, mtime), ("catalog", id)
 # or ("hub", id, revision). It is what the cache is keyed by, together with task and label count.
 SourceKey = tuple[str, ...]
+_T = TypeVar("_T")
 # init_empty_weights patches nn.Module globally while it is open; two threads (the API's threadpool)
 # opening it at once could leave the patch in place, so meta builds take turns.
 _META_BUILD_LOCK = threading.Lock()
+_BUILDING: dict[tuple[SourceKey, str, int], threading.Lock] = {}
+_BUILDING_GUARD = threading.Lock()
 
 
 class UnknownModelError(SpecError):
@@ -78,10 +82,35 @@ class ModelStructure:
     parameters: int  # all parameters, trainable or not
     attn_implementation: str  # "sdpa", "eager", ...: whether the score matrix is stored
     supports_gradient_checkpointing: bool
+    # Figures derived from `tensors` for one setting (e.g. an optimizer's state), computed once per
+    # structure: the structure is cached, and re-adding ~200 tensors was most of a warm estimate.
+    memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    # cached_property writes the instance __dict__ directly, which a frozen dataclass allows.
+    @cached_property
     def trainable_parameters(self) -> int:
         return sum(t.numel for t in self.tensors)
+
+    @cached_property
+    def trainable_bytes(self) -> int:
+        """Bytes of the trainable parameters at the dtype training builds them in."""
+        return sum(t.numel * t.itemsize for t in self.tensors)
+
+    @cached_property
+    def autocast_numel(self) -> int:
+        """Elements of the parameters autocast copies to 16 bits (Linear / Conv weights and biases)."""
+        return sum(t.numel for t in self.tensors if t.autocast)
+
+    def memoized(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """``compute()``, once per ``key``; the key must name everything ``compute`` reads but the structure.
+
+        Two threads may both compute a missing key; they get equal values.
+        """
+        try:
+            value: _T = self.memo[key]
+        except KeyError:
+            value = self.memo[key] = compute()
+        return value
 
 
 def source_key(model: ModelSpec) -> SourceKey:
@@ -194,7 +223,18 @@ def model_structure(model: ModelSpec, task: str, num_labels: int | None = None) 
     """The cached structure of ``model`` built for ``task`` with ``num_labels`` (default: see above)."""
     key = source_key(model)
     labels = num_labels if num_labels is not None else default_num_labels(key)
-    return build_structure(key, task, labels)
+    # lru_cache does not collapse simultaneous misses: eight API threads asking for a new model at
+    # once built it eight times (seconds each for large models). One lock per key while it builds;
+    # the others wait and then hit the cache.
+    args = (key, task, labels)
+    with _BUILDING_GUARD:
+        lock = _BUILDING.setdefault(args, threading.Lock())
+    try:
+        with lock:
+            return build_structure(*args)
+    finally:
+        with _BUILDING_GUARD:
+            _BUILDING.pop(args, None)
 
 
 def config_value(config: PretrainedConfig, *names: str, default: Any = None) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,34 @@ def test_structure_is_cached_and_warm_estimate_is_fast(make_spec: SpecFactory) -
     warm = (time.perf_counter() - start) / 20
     assert build_structure.cache_info().hits == hits + 20
     assert warm < 0.005, f"warm estimate took {warm * 1000:.2f} ms"
+
+
+def test_simultaneous_first_estimates_build_the_model_once(make_spec: SpecFactory) -> None:
+    # A config no other test uses, so the first of these calls is a cache miss.
+    config = {**TINY_CONFIGS["text"][1], "intermediate_size": 136, "num_labels": 5}
+    spec = make_spec("text").model_copy(update={"model": ModelSpec(config=config)})
+    before = build_structure.cache_info()
+    barrier = threading.Barrier(6)
+
+    def first_estimate() -> int:
+        barrier.wait()
+        return estimate_memory(spec).total_bytes
+
+    with ThreadPoolExecutor(6) as pool:
+        totals = list(pool.map(lambda _: first_estimate(), range(6)))
+    after = build_structure.cache_info()
+    assert len(set(totals)) == 1
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 5)
+
+
+def test_estimate_memoizes_per_optimizer_setting(make_spec: SpecFactory) -> None:
+    adamw = make_spec("text")
+    amsgrad = make_spec("text", optimizer={"name": "adamw", "amsgrad": True})
+    first, second = estimate_memory(adamw), estimate_memory(amsgrad)
+    # The memo is keyed by what the optimizer formula reads: amsgrad's third moment shows.
+    moments = first.trainable_parameters * 4
+    assert second.optimizer_state_bytes - first.optimizer_state_bytes == moments
+    assert estimate_memory(adamw).optimizer_state_bytes == first.optimizer_state_bytes
 
 
 def test_master_weights_are_fp32_even_when_the_config_names_bf16(make_spec: SpecFactory) -> None:
