@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import secrets
 import sys
+import threading
 import time
+from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from api.routes import estimates
 from api.settings import Settings
 from tests.api.conftest import Keys, make_spec
 from trainer_core.memory import catalog_ids, estimate_memory, plan_memory
@@ -25,6 +30,34 @@ def test_estimate_matches_the_estimator(client: TestClient, keys: Keys) -> None:
     assert body["estimate"]["optimizer_state_bytes"] == expected.optimizer_state_bytes
     assert {p["name"] for p in body["estimate"]["parts"]} == {p.name for p in expected.parts}
     assert body["plan"] is None
+
+
+def test_a_warm_estimate_is_answered_on_the_event_loop(
+    client: TestClient, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A config nothing else in this process builds (each database's run too), so its first estimate is cold.
+    tiny_bert = make_spec()["model"]["config"]
+    fresh = {**tiny_bert, "intermediate_size": 1000 + secrets.randbelow(10**6)}
+    spec = make_spec(name="fresh", model={"config": fresh})
+    threads: list[str] = []
+    real = estimates.estimate_response
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(estimates, "estimate_response", recording)
+    answers = [
+        client.post("/v1/estimates/memory", json=body, headers=keys.auth(keys.alice))
+        for body in ({"spec": spec}, {"spec": spec}, {"spec": spec, "gpu_memory_gb": 16})
+    ]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert answers[0].json()["estimate"] == answers[1].json()["estimate"]
+    assert answers[2].json()["estimate"]["total_bytes"] == answers[0].json()["estimate"]["total_bytes"]
+    cold, warm, planned = threads
+    loop_thread = client.portal.call(lambda: threading.current_thread().name)  # type: ignore[union-attr]
+    # Cold (builds the model) and planned (many estimates) run on a worker thread; warm on the loop.
+    assert cold != loop_thread and planned != loop_thread and warm == loop_thread
 
 
 def test_estimate_with_budget_includes_the_plan(client: TestClient, keys: Keys) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -41,8 +42,6 @@ _T = TypeVar("_T")
 # init_empty_weights patches nn.Module globally while it is open; two threads (the API's threadpool)
 # opening it at once could leave the patch in place, so meta builds take turns.
 _META_BUILD_LOCK = threading.Lock()
-_BUILDING: dict[tuple[SourceKey, str, int], threading.Lock] = {}
-_BUILDING_GUARD = threading.Lock()
 
 
 class UnknownModelError(SpecError):
@@ -173,9 +172,9 @@ def default_num_labels(key: SourceKey) -> int:
     return int(load_config(key).num_labels or 2)
 
 
-@lru_cache(maxsize=64)
 def build_structure(key: SourceKey, task: str, num_labels: int) -> ModelStructure:
-    """Instantiate the training class on the meta device and record its tensors (cached)."""
+    """Instantiate the training class on the meta device and record its tensors (not cached: see
+    :func:`model_structure`)."""
     config = load_config(key).__class__.from_dict(load_config(key).to_dict())  # private copy
     for name, value in label_config([str(i) for i in range(num_labels)]).items():
         setattr(config, name, value)
@@ -219,22 +218,86 @@ def build_structure(key: SourceKey, task: str, num_labels: int) -> ModelStructur
     )
 
 
+StructureArgs = tuple[SourceKey, str, int | None]
+
+
+@dataclass
+class CacheInfo:
+    hits: int
+    misses: int
+    size: int
+
+
+class StructureCache:
+    """Built structures by (source key, task, label count as asked), least recently used dropped first.
+
+    Unlike ``lru_cache`` it can be asked without building (:meth:`peek`: the API answers a warm
+    estimate on its event loop and hands only cold ones to a thread), and simultaneous misses on
+    one key build once: the first caller builds under that key's lock, the others wait and hit.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._items: OrderedDict[StructureArgs, ModelStructure] = OrderedDict()
+        self._lock = threading.Lock()  # guards _items, _building and the counters
+        self._building: dict[StructureArgs, threading.Lock] = {}
+        self.hits = self.misses = 0
+
+    def peek(self, args: StructureArgs) -> ModelStructure | None:
+        with self._lock:
+            structure = self._items.get(args)
+            if structure is not None:
+                self._items.move_to_end(args)
+                self.hits += 1
+            return structure
+
+    def get(self, args: StructureArgs, build: Callable[[], ModelStructure]) -> ModelStructure:
+        structure = self.peek(args)
+        if structure is not None:
+            return structure
+        with self._lock:
+            key_lock = self._building.setdefault(args, threading.Lock())
+        try:
+            with key_lock:
+                structure = self.peek(args)  # built while this caller waited
+                if structure is not None:
+                    return structure
+                structure = build()
+                with self._lock:
+                    self.misses += 1
+                    self._items[args] = structure
+                    while len(self._items) > self.maxsize:
+                        self._items.popitem(last=False)
+                return structure
+        finally:
+            with self._lock:
+                self._building.pop(args, None)
+
+    def info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(self.hits, self.misses, len(self._items))
+
+
+_STRUCTURES = StructureCache(maxsize=64)
+
+
 def model_structure(model: ModelSpec, task: str, num_labels: int | None = None) -> ModelStructure:
     """The cached structure of ``model`` built for ``task`` with ``num_labels`` (default: see above)."""
     key = source_key(model)
-    labels = num_labels if num_labels is not None else default_num_labels(key)
-    # lru_cache does not collapse simultaneous misses: eight API threads asking for a new model at
-    # once built it eight times (seconds each for large models). One lock per key while it builds;
-    # the others wait and then hit the cache.
-    args = (key, task, labels)
-    with _BUILDING_GUARD:
-        lock = _BUILDING.setdefault(args, threading.Lock())
-    try:
-        with lock:
-            return build_structure(*args)
-    finally:
-        with _BUILDING_GUARD:
-            _BUILDING.pop(args, None)
+
+    def build() -> ModelStructure:
+        return build_structure(key, task, num_labels if num_labels is not None else default_num_labels(key))
+
+    return _STRUCTURES.get((key, task, num_labels), build)
+
+
+def cached_structure(model: ModelSpec, task: str, num_labels: int | None = None) -> ModelStructure | None:
+    """The structure :func:`model_structure` would return if it is built already, else None (never builds)."""
+    return _STRUCTURES.peek((source_key(model), task, num_labels))
+
+
+def structure_cache_info() -> CacheInfo:
+    return _STRUCTURES.info()
 
 
 def config_value(config: PretrainedConfig, *names: str, default: Any = None) -> Any:

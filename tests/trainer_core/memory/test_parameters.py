@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,7 +13,13 @@ import torch
 
 from tests.trainer_core.memory.conftest import TINY_CONFIGS, SpecFactory
 from trainer_core.memory import UnknownModelError, estimate_memory
-from trainer_core.memory.parameters import build_structure, model_structure
+from trainer_core.memory.parameters import (
+    ModelStructure,
+    StructureCache,
+    cached_structure,
+    model_structure,
+    structure_cache_info,
+)
 from trainer_core.modeling import build_model
 from trainer_core.spec import ModelSpec
 
@@ -56,12 +63,12 @@ def test_unknown_hub_id_offline_is_a_clear_error(make_spec: SpecFactory) -> None
 def test_structure_is_cached_and_warm_estimate_is_fast(make_spec: SpecFactory) -> None:
     spec = make_spec("meta-llama/Meta-Llama-3-8B")
     estimate_memory(spec)  # cold: builds on meta
-    hits = build_structure.cache_info().hits
+    hits = structure_cache_info().hits
     start = time.perf_counter()
     for _ in range(20):
         estimate_memory(spec)
     warm = (time.perf_counter() - start) / 20
-    assert build_structure.cache_info().hits == hits + 20
+    assert structure_cache_info().hits == hits + 20
     assert warm < 0.005, f"warm estimate took {warm * 1000:.2f} ms"
 
 
@@ -69,7 +76,7 @@ def test_simultaneous_first_estimates_build_the_model_once(make_spec: SpecFactor
     # A config no other test uses, so the first of these calls is a cache miss.
     config = {**TINY_CONFIGS["text"][1], "intermediate_size": 136, "num_labels": 5}
     spec = make_spec("text").model_copy(update={"model": ModelSpec(config=config)})
-    before = build_structure.cache_info()
+    before = structure_cache_info()
     barrier = threading.Barrier(6)
 
     def first_estimate() -> int:
@@ -78,9 +85,37 @@ def test_simultaneous_first_estimates_build_the_model_once(make_spec: SpecFactor
 
     with ThreadPoolExecutor(6) as pool:
         totals = list(pool.map(lambda _: first_estimate(), range(6)))
-    after = build_structure.cache_info()
+    after = structure_cache_info()
     assert len(set(totals)) == 1
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 5)
+
+
+def test_peek_never_builds_and_the_cache_drops_the_least_recently_used(make_spec: SpecFactory) -> None:
+    config = {**TINY_CONFIGS["text"][1], "intermediate_size": 144}
+    spec = make_spec("text").model_copy(update={"model": ModelSpec(config=config)})
+    misses = structure_cache_info().misses
+    assert cached_structure(spec.model, spec.task) is None
+    assert structure_cache_info().misses == misses  # peeking built nothing
+    built = model_structure(spec.model, spec.task)
+    assert cached_structure(spec.model, spec.task) is built
+
+    cache = StructureCache(maxsize=2)
+    made: list[str] = []
+
+    def builder(name: str) -> Callable[[], ModelStructure]:
+        def build() -> ModelStructure:
+            made.append(name)
+            return built
+
+        return build
+
+    a, b, c = ((("config", name), "text-classification", None) for name in "abc")
+    cache.get(a, builder("a"))
+    cache.get(b, builder("b"))
+    cache.get(a, builder("a"))  # a is now the most recently used
+    cache.get(c, builder("c"))  # drops b
+    assert (cache.peek(a), cache.peek(b), cache.peek(c)) == (built, None, built)
+    assert made == ["a", "b", "c"] and cache.info().size == 2
 
 
 def test_estimate_memoizes_per_optimizer_setting(make_spec: SpecFactory) -> None:
