@@ -1,6 +1,6 @@
 """Service benchmark: request rates of the API and the delay of live metrics over SSE, on PostgreSQL + Redis.
 
-One run starts the API (uvicorn, ``--api-workers`` processes on a free 127.0.0.1 port) and a worker
+One run starts the API (``trainjobs serve --workers N``, N = ``--api-workers``, on a free 127.0.0.1 port) and a worker
 (``python -m worker.main``) on a fresh PostgreSQL database and an unused Redis database, then measures:
 
 1. ``POST /v1/jobs`` (a bert-base-uncased fine-tune on a CSV under the data root, sent to a queue no
@@ -57,10 +57,9 @@ REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 RESERVED_REDIS_DBS = {0, 13}  # the default one and the end-to-end tests' own
-UVICORN_FLAG = "--run-uvicorn"
 CATALOG_MODEL = "bert-base-uncased"
-SSE_STEPS = 80
-WARM_ANSWERS = 20  # one metric event per step (logging_steps=1)
+SSE_STEPS = 80  # one metric event per step (logging_steps=1)
+WARM_ANSWERS = 20
 GOAL_SUBMIT_RATE, GOAL_SUBMIT_P99_MS, GOAL_ESTIMATE_RATIO, GOAL_SSE_P50_MS = 200.0, 100.0, 0.5, 200.0
 TINY_BERT = {"model_type": "bert", "vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 2,
              "num_attention_heads": 2, "intermediate_size": 37, "max_position_embeddings": 128}  # fmt: skip
@@ -125,17 +124,6 @@ class Service:
     worker_log: Path
 
 
-def run_uvicorn(argv: list[str]) -> None:
-    """The uvicorn command line, with the listener fix ``trainjobs serve`` uses (TCP_NODELAY with
-    ``--workers N``: see :func:`trainjobs.commands.service.tcp_nodelay_listener`)."""
-    import uvicorn.main
-
-    from trainjobs.commands.service import tcp_nodelay_listener
-
-    tcp_nodelay_listener()
-    uvicorn.main.main(argv)
-
-
 def service_env(settings_env: dict[str, str]) -> dict[str, str]:
     aliases = {info.validation_alias for info in Settings.model_fields.values()}
     env = {k: v for k, v in os.environ.items() if k not in aliases}
@@ -189,9 +177,9 @@ def running_service(api_workers: int) -> Iterator[Service]:
                 procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))  # fmt: skip
 
-        start("api", [sys.executable, __file__, UVICORN_FLAG, "--factory", "api.main:create_app", "--host", "127.0.0.1",
-                      "--port", str(port), "--workers", str(api_workers), "--log-level", "warning",
-                      "--no-access-log"])  # fmt: skip
+        # The production command: on Linux one SO_REUSEPORT listener per API process (trainjobs.serving).
+        start("api", [sys.executable, "-m", "trainjobs.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                      "--workers", str(api_workers), "--no-access-log"])  # fmt: skip
         start("worker", [sys.executable, "-m", "worker.main", "--queues", worker_queue])
         service = Service(f"http://127.0.0.1:{port}", api_key, home, settings.data_root, worker_queue,
                           logs / "worker.log")  # fmt: skip
@@ -398,7 +386,7 @@ def measure_sse(service: Service, files: dict[str, str]) -> tuple[list[float], s
 def report(loads: list[Load], delays: list[float], status: str, args: argparse.Namespace) -> bool:
     """Print the figures and the goals; True when every goal is met."""
     bare, submit, estimate = loads
-    print(f"\ntrainjobs API on PostgreSQL + Redis: {args.api_workers} uvicorn worker(s), {os.cpu_count()} CPU(s), "
+    print(f"\ntrainjobs API on PostgreSQL + Redis: {args.api_workers} API process(es), {os.cpu_count()} CPU(s), "
           f"{args.clients} concurrent clients, {args.requests} requests each after {args.warmup} warm-up")  # fmt: skip
     print(f"\n{'measurement':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs bare':>9}")
     for load in loads:
@@ -424,15 +412,12 @@ def report(loads: list[Load], delays: list[float], status: str, args: argparse.N
 
 
 def main() -> int:
-    if sys.argv[1:2] == [UVICORN_FLAG]:  # this script as the API's launcher (see run_uvicorn)
-        run_uvicorn(sys.argv[2:])
-        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="measured requests per endpoint")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests per endpoint first")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients")
     # One process per core: the handlers are CPU-bound Python; more processes only add switching.
-    parser.add_argument("--api-workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--api-workers", type=int, default=2, help="API processes (trainjobs serve --workers)")
     args = parser.parse_args()
 
     def interrupted(signum: int, _frame: FrameType | None) -> None:

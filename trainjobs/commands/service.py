@@ -47,6 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.logging import configure_logging
+    from trainjobs.serving import reuse_port_supported, supervise
 
     settings = Settings()
     try:
@@ -55,6 +56,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     configure_logging()
+    if args.workers > 1 and reuse_port_supported():
+        # One listener per process, so connections spread evenly (trainjobs.serving says why).
+        try:
+            return supervise(args.host, args.port, args.workers, access_log=args.access_log)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     tcp_nodelay_listener()
     uvicorn.run(
         "api.main:create_app",
@@ -64,6 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_config=None,  # keep our structured logging
         proxy_headers=True,
+        access_log=args.access_log,
     )
     return 0
 
@@ -114,7 +123,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = subparsers.add_parser("serve", help="run the HTTP API (uvicorn)")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="API processes (on Linux each with its own SO_REUSEPORT listener)"
+    )
+    serve.add_argument("--no-access-log", dest="access_log", action="store_false", help="no line per request")
     serve.set_defaults(func=cmd_serve)
 
     worker = subparsers.add_parser("worker", help="run a training worker (one slot per GPU)")

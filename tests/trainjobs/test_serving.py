@@ -1,0 +1,155 @@
+"""``trainjobs serve --workers N``: one SO_REUSEPORT listener per API process (trainjobs.serving)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.trainjobs.live import REPO, trainjobs_argv
+from tests.worker.live import free_port
+from trainjobs.serving import reuse_port_socket, supervise
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
+
+
+def serve_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "BROKER_URL", "TRAINJOBS_ENV"}}
+    return {**env, "TRAINJOBS_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def socket_owners(port: int, state: str) -> list[int]:
+    """Pids of the processes holding TCP sockets on local ``port`` in ``state`` (``ss``, iproute2)."""
+    out = subprocess.run(
+        ["ss", "-tnpH", "state", state, f"( sport = :{port} )"], capture_output=True, text=True, check=True
+    ).stdout
+    return [int(pid) for pid in re.findall(r"pid=(\d+)", out)]
+
+
+def wait_until(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_each_process_listens_on_its_own_socket_and_connections_spread(tmp_path: Path) -> None:
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    parent = subprocess.Popen(
+        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--no-access-log"]),
+        env=serve_env(tmp_path), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
+        listeners = set(socket_owners(port, "listening"))
+        assert parent.pid not in listeners  # the parent only supervises
+
+        def all_healthy() -> bool:
+            try:
+                answers = [httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2) for _ in range(4)]
+                return all(a.status_code == 200 for a in answers)
+            except httpx.TransportError:
+                return False
+
+        wait_until(all_healthy, 60, "both processes to answer")
+        # 24 keep-alive connections: the kernel hashes them over both listeners (all on one: 2^-23).
+        clients = [httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) for _ in range(24)]
+        try:
+            assert all(c.get("/healthz").status_code == 200 for c in clients)
+            served_by = Counter(socket_owners(port, "established"))
+            assert set(served_by) == listeners and sum(served_by.values()) == 24, served_by
+        finally:
+            for client in clients:
+                client.close()
+
+        # A process that dies is replaced; the service keeps answering meanwhile.
+        victim = min(listeners)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(
+            lambda: len(set(socket_owners(port, "listening")) - {victim}) == 2, 90, "a replacement listener"
+        )
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        children = set(socket_owners(port, "listening"))
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        status = parent.wait(timeout=60)
+        log.close()
+    assert status == 0, (tmp_path / "serve.log").read_text()
+    # SIGTERM to the parent stopped every API process with it.
+    wait_until(lambda: not socket_owners(port, "listening"), 10, "the listeners to close")
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+
+
+def test_api_processes_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    port = free_port()
+    parent = subprocess.Popen(
+        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]),
+        env=serve_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
+    finally:
+        parent.kill()
+        parent.wait()
+    wait_until(lambda: not socket_owners(port, "listening"), 30, "the orphaned listeners to close")
+
+
+def test_a_taken_port_stops_serve_with_status_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # a listener without SO_REUSEPORT: the children cannot bind
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run(
+            trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]),
+            env=serve_env(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Address already in use" in result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 90
+
+
+def test_several_workers_need_a_named_port() -> None:
+    with pytest.raises(ValueError, match="--port 0"):
+        supervise("127.0.0.1", 0, 2)
+
+
+def test_reuse_port_listener_gives_connections_tcp_nodelay() -> None:
+    listener = reuse_port_socket("127.0.0.1", 0)
+    seen: list[int] = []
+
+    async def serve_one() -> None:
+        async def on_connect(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=listener)
+        async with server:
+            _reader, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    try:
+        assert listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
+        asyncio.run(serve_one())
+    finally:
+        listener.close()
+    assert seen and seen[0] != 0, "accepted connection lacks TCP_NODELAY"

@@ -1,0 +1,158 @@
+"""``trainjobs serve --workers N``: N API processes, each listening on a SO_REUSEPORT socket of its own.
+
+uvicorn's own ``--workers N`` shares one listening socket between its processes, and a connection goes
+to whichever process is waiting in accept() when it arrives. Clients keep their connections open, so
+that first split lasts: bench_api.py saw one of two processes holding 20 to 31 of its 32 connections,
+serving them on one core while the other idled, and the submit p99 doubled. With SO_REUSEPORT every
+process listens on its own socket bound to the same address, and Linux spreads new connections over
+them by a hash of the address pair (32 connections split 17/15 to 20/12 in practice).
+
+The parent here only starts, watches and stops the processes: one that dies is started again, unless it
+exited with an error status within :data:`FAST_EXIT_S` of starting (the port is taken, the configuration
+is wrong), which stops everything with exit status 1. SIGTERM or SIGINT to the parent stops the children
+gracefully (uvicorn finishes the requests in flight); each child runs in its own session, so a Ctrl-C
+in a terminal reaches them once, through the parent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+APP = "api.main:create_app"
+FAST_EXIT_S = 5.0  # a child that fails sooner than this after its start is not restarted
+STOP_TIMEOUT_S = 30.0  # after SIGTERM, how long the children get before SIGKILL
+WATCH_INTERVAL_S = 0.2
+
+
+def reuse_port_supported() -> bool:
+    # macOS and the BSDs accept SO_REUSEPORT but give every connection to one socket.
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with SO_REUSEPORT (not listening yet: uvicorn does that).
+
+    The protocol is given explicitly: accepted sockets inherit it, and asyncio sets TCP_NODELAY only
+    on sockets that say IPPROTO_TCP (otherwise each keep-alive request after the first waits ~40 ms
+    for a delayed ACK; see :func:`trainjobs.commands.service.tcp_nodelay_listener`).
+    """
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve_one(host: str, port: int, *, access_log: bool) -> None:
+    """One API process on its own SO_REUSEPORT listener (a child of :func:`supervise`)."""
+    import uvicorn
+
+    from api.logging import configure_logging
+
+    configure_logging()
+    die_with_parent()
+    try:
+        listener = reuse_port_socket(host, port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, exc)
+        raise SystemExit(1) from None
+    config = uvicorn.Config(APP, factory=True, log_config=None, proxy_headers=True, access_log=access_log)
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies, so a SIGKILLed supervisor leaves no
+    API process behind (each child has a session of its own, so no group signal reaches it)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still stops children
+        log.debug("PR_SET_PDEATHSIG unavailable")
+
+
+def child_command(host: str, port: int, *, access_log: bool) -> list[str]:
+    command = [sys.executable, "-m", "trainjobs.serving", "--host", host, "--port", str(port)]
+    return command if access_log else [*command, "--no-access-log"]
+
+
+def supervise(host: str, port: int, workers: int, *, access_log: bool = True) -> int:
+    """Run ``workers`` API processes on ``host:port`` until SIGTERM or SIGINT; the exit status."""
+    if port == 0:
+        raise ValueError("--port 0 with several workers would give each its own port: name one")
+    stop_signal: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop_signal.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    command = child_command(host, port, access_log=access_log)
+
+    def start() -> tuple[subprocess.Popen[bytes], float]:
+        return subprocess.Popen(command, start_new_session=True), time.monotonic()
+
+    status = 0
+    children = [start() for _ in range(workers)]
+    log.info("serving on %s:%d with %d processes (SO_REUSEPORT)", host, port, workers)
+    try:
+        while not stop_signal and status == 0:
+            time.sleep(WATCH_INTERVAL_S)
+            for i, (child, started) in enumerate(children):
+                code = child.poll()
+                if code is None or stop_signal:
+                    continue
+                if code > 0 and time.monotonic() - started < FAST_EXIT_S:
+                    # It failed by itself at start (port taken, bad configuration): restarting cannot help.
+                    log.error("API process %d exited with %s right after starting; stopping", child.pid, code)
+                    status = 1
+                    break
+                log.warning("API process %d exited with %s; starting another", child.pid, code)
+                children[i] = start()
+    finally:
+        stop_children([child for child, _ in children])
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return status
+
+
+def stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for child in children:
+        try:
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("API process %d still running %.0fs after SIGTERM; killing it", child.pid, STOP_TIMEOUT_S)
+            child.kill()
+            child.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="One API process of `trainjobs serve --workers N`.")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--no-access-log", dest="access_log", action="store_false")
+    args = parser.parse_args(argv)
+    serve_one(args.host, args.port, access_log=args.access_log)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
