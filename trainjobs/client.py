@@ -167,12 +167,15 @@ class Client:
         result: dict[str, Any] = self._json("GET", f"/v1/jobs/{job_id}")
         return result
 
-    def list(self, status: str | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    def list(
+        self, status: str | None = None, limit: int | None = None, owner: str | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Jobs newest first, following the pagination cursor; ``limit`` caps the total."""
         cursor: str | None = None
         seen = 0
         while True:
-            params: dict[str, Any] = {k: v for k, v in {"status": status, "cursor": cursor}.items() if v}
+            filters = {"status": status, "owner": owner, "cursor": cursor}
+            params: dict[str, Any] = {k: v for k, v in filters.items() if v}
             if limit is not None:
                 params["limit"] = min(limit - seen, 100)
             page = self._json("GET", "/v1/jobs", params=params)

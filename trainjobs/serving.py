@@ -9,7 +9,8 @@ them by a hash of the address pair (32 connections split 17/15 to 20/12 in pract
 
 The parent here only starts, watches and stops the processes: one that dies is started again, unless it
 exited with an error status within :data:`FAST_EXIT_S` of starting (the port is taken, the configuration
-is wrong), which stops everything with exit status 1. SIGTERM or SIGINT to the parent stops the children
+is wrong) or died that soon :data:`MAX_QUICK_DEATHS` times in a row, which stops everything with exit
+status 1. SIGTERM or SIGINT to the parent stops the children
 gracefully (uvicorn finishes the requests in flight); each child runs in its own session, so a Ctrl-C
 in a terminal reaches them once, through the parent.
 """
@@ -25,10 +26,13 @@ import sys
 import time
 from types import FrameType
 
+from worker.processes import stop_processes
+
 log = logging.getLogger(__name__)
 
 APP = "api.main:create_app"
-FAST_EXIT_S = 5.0  # a child that fails sooner than this after its start is not restarted
+FAST_EXIT_S = 5.0  # a child that fails sooner than this after its start is not restarted...
+MAX_QUICK_DEATHS = 3  # ...nor one killed this many times in a row that soon (a crash loop)
 STOP_TIMEOUT_S = 30.0  # after SIGTERM, how long the children get before SIGKILL
 WATCH_INTERVAL_S = 0.2
 
@@ -108,6 +112,7 @@ def supervise(host: str, port: int, workers: int, *, access_log: bool = True) ->
 
     status = 0
     children = [start() for _ in range(workers)]
+    quick_deaths = [0] * workers  # deaths in a row within FAST_EXIT_S of starting, per slot
     log.info("serving on %s:%d with %d processes (SO_REUSEPORT)", host, port, workers)
     try:
         while not stop_signal and status == 0:
@@ -116,32 +121,21 @@ def supervise(host: str, port: int, workers: int, *, access_log: bool = True) ->
                 code = child.poll()
                 if code is None or stop_signal:
                     continue
-                if code > 0 and time.monotonic() - started < FAST_EXIT_S:
-                    # It failed by itself at start (port taken, bad configuration): restarting cannot help.
+                quick = time.monotonic() - started < FAST_EXIT_S
+                quick_deaths[i] = quick_deaths[i] + 1 if quick else 0
+                # An error status right after starting (port taken, bad configuration) will repeat;
+                # so will anything that kills a fresh process again and again.
+                if (quick and code > 0) or quick_deaths[i] >= MAX_QUICK_DEATHS:
                     log.error("API process %d exited with %s right after starting; stopping", child.pid, code)
                     status = 1
                     break
                 log.warning("API process %d exited with %s; starting another", child.pid, code)
                 children[i] = start()
     finally:
-        stop_children([child for child, _ in children])
+        stop_processes([child for child, _ in children], STOP_TIMEOUT_S, "API process")
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return status
-
-
-def stop_children(children: list[subprocess.Popen[bytes]]) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for child in children:
-        try:
-            child.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("API process %d still running %.0fs after SIGTERM; killing it", child.pid, STOP_TIMEOUT_S)
-            child.kill()
-            child.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

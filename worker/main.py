@@ -22,6 +22,7 @@ from types import FrameType
 
 from api.settings import Settings, get_settings
 from worker.celery_app import declare_queues
+from worker.processes import stop_processes
 from worker.recovery import recover_orphaned_jobs
 
 log = logging.getLogger(__name__)
@@ -72,17 +73,7 @@ def start_slots(
 
 def stop_slots(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:
     """Warm-shut every slot down (SIGTERM), then kill whatever is still there after ``timeout_s``."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("worker slot %d did not stop in %.0fs: killing it", proc.pid, timeout_s)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_processes(procs, timeout_s, "worker slot")
 
 
 def run_worker(

@@ -20,7 +20,7 @@ def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
     the worker; a busy API process needs more, or every request beyond the fifth concurrent one
     opens a new connection and closes it again (a PostgreSQL backend start each time).
     """
-    kwargs: dict[str, Any] = {"pool_pre_ping": not __import__("os").environ.get("XNOPING")}
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
     elif pool_size is not None:

@@ -120,18 +120,27 @@ def decode_cursor(text: str) -> Cursor:
         ) from exc
 
 
-@router.get("", response_model=JobList)
+@router.get("", response_model=JobList, responses=problem_responses(403))
 def list_jobs(
     session: SessionDep,
     caller: CallerDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
+    owner: Annotated[
+        str | None, Query(max_length=128, description="Only this owner's jobs (another owner's: admin keys only).")
+    ] = None,
 ) -> JobList:
-    """The caller's jobs (an admin's: everyone's), newest first, in keyset-paginated pages."""
+    """The caller's jobs (an admin's: everyone's, or one owner's), newest first, in keyset-paginated pages."""
+    if owner is not None and owner != caller.owner and not caller.is_admin:
+        raise Problem(
+            403,
+            "owner: only an admin key may list another owner's jobs",
+            errors=[{"field": "owner", "message": "not your own owner name", "type": "forbidden"}],
+        )
     query = select(Job)
-    if not caller.is_admin:
-        query = query.where(Job.owner == caller.owner)
+    if not caller.is_admin or owner is not None:
+        query = query.where(Job.owner == (owner or caller.owner))
     if status_ is not None:
         query = query.where(Job.status == status_.value)
     if cursor is not None:

@@ -15,7 +15,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -104,13 +104,19 @@ class JobsCollector(Collector):
         for worker, count in session.execute(running).tuples():
             key = worker or "unknown"
             self.busy[key] = self.busy.get(key, 0) + int(count)
-        self.durations = [
-            (finished - started).total_seconds()
-            for started, finished in session.execute(
-                select(Job.started_at, Job.finished_at).where(Job.started_at.is_not(None), Job.finished_at.is_not(None))
-            ).tuples()
-            if started is not None and finished is not None
-        ]
+        # Bucket counts and the sum in one aggregate query: a scrape reads a row, not every job ever run.
+        seconds = run_seconds(session)
+        bounds = (*DURATION_BUCKETS, float("inf"))
+        counts = [func.coalesce(func.sum(case((seconds <= bound, 1), else_=0)), 0) for bound in DURATION_BUCKETS]
+        row = session.execute(
+            select(func.count(), func.coalesce(func.sum(seconds), 0.0), *counts).where(
+                Job.started_at.is_not(None), Job.finished_at.is_not(None)
+            )
+        ).one()
+        self.duration_count = int(row[0])
+        self.duration_sum = float(row[1])
+        self.duration_buckets = [*(int(c) for c in row[2:]), self.duration_count]
+        self.duration_bounds = bounds
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("trainjobs_jobs", "Jobs by status.", labels=["status"])
@@ -128,16 +134,23 @@ class JobsCollector(Collector):
         yield self._duration_histogram()
 
     def _duration_histogram(self) -> HistogramMetricFamily:
-        buckets: list[tuple[str, float]] = []
-        for bound in (*DURATION_BUCKETS, float("inf")):
-            label = "+Inf" if bound == float("inf") else repr(bound)
-            buckets.append((label, float(sum(1 for d in self.durations if d <= bound))))
+        buckets = [
+            ("+Inf" if bound == float("inf") else repr(bound), float(count))
+            for bound, count in zip(self.duration_bounds, self.duration_buckets, strict=True)
+        ]
         return HistogramMetricFamily(
             "trainjobs_job_duration_seconds",
             "Run time of finished jobs (start to end).",
             buckets=buckets,
-            sum_value=sum(self.durations),
+            sum_value=self.duration_sum,
         )
+
+
+def run_seconds(session: Session) -> ColumnElement[Any]:
+    """``finished_at - started_at`` in seconds, as SQL for the session's database."""
+    if session.get_bind().dialect.name == "sqlite":
+        return (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
+    return func.extract("epoch", Job.finished_at - Job.started_at)
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -64,6 +64,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, object]]:
 
 _DESCRIPTIONS = {
     401: "Missing or wrong API key.",
+    403: "The key may not do this (e.g. list another owner's jobs without admin rights).",
     404: "No such resource, or it belongs to another owner.",
     409: "Conflict with the resource's state.",
     413: "Upload over the size limit.",

@@ -157,6 +157,26 @@ def test_list_is_owned_newest_first_and_pages(client: TestClient, keys: Keys, se
     assert client.get("/v1/jobs", headers=keys.auth(keys.bob)).json()["items"][0]["name"] == "b0"
 
 
+def test_list_filters_by_owner_for_admins_only(client: TestClient, keys: Keys, session: Session) -> None:
+    add_job(session, "alice", name="a0")
+    add_job(session, "bob", name="b0")
+    add_job(session, "bob", name="b1")
+
+    def names(key: str, **params: Any) -> list[str]:
+        response = client.get("/v1/jobs", params=params, headers=keys.auth(key))
+        assert response.status_code == 200, response.text
+        return sorted(j["name"] for j in response.json()["items"])
+
+    assert names(keys.admin, owner="bob") == ["b0", "b1"]
+    assert names(keys.admin, owner="nobody") == []
+    assert names(keys.admin) == ["a0", "b0", "b1"]
+    assert names(keys.alice, owner="alice") == ["a0"]
+    refused = client.get("/v1/jobs", params={"owner": "bob"}, headers=keys.auth(keys.alice))
+    assert refused.status_code == 403
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["errors"][0]["field"] == "owner"
+
+
 def test_list_filters_by_status_and_rejects_bad_input(client: TestClient, keys: Keys, session: Session) -> None:
     add_job(session, "alice", JobStatus.running, name="run")
     add_job(session, "alice", JobStatus.queued, name="wait")

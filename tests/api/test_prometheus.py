@@ -56,6 +56,19 @@ def test_job_figures_move_with_the_jobs(client: TestClient, session: Session) ->
     assert done[("trainjobs_job_duration_seconds_bucket", (("le", "60.0"),))] == 1
     assert 44 <= done[("trainjobs_job_duration_seconds_sum", ())] <= 60
 
+    # Two more runs: 5 s and 2 h. Buckets are cumulative; the sum adds up.
+    for seconds in (5, 2 * 3600):
+        job = add_job(session, "bob")
+        assert transition(session, job.id, JobStatus.running)
+        assert transition(session, job.id, JobStatus.failed, started_at=utcnow() - timedelta(seconds=seconds))
+    session.commit()
+    later = scrape(client)
+    bounds = ("10.0", "60.0", "3600.0", "14400.0", "+Inf")
+    bucket = {le: later[("trainjobs_job_duration_seconds_bucket", (("le", le),))] for le in bounds}
+    assert bucket == {"10.0": 1, "60.0": 2, "3600.0": 2, "14400.0": 3, "+Inf": 3}
+    assert later[("trainjobs_job_duration_seconds_count", ())] == 3
+    assert 2 * 3600 + 5 + 44 <= later[("trainjobs_job_duration_seconds_sum", ())] <= 2 * 3600 + 5 + 60
+
 
 def test_request_latency_is_labelled_by_route_template(client: TestClient, session: Session, keys: Keys) -> None:
     job = add_job(session, "alice")

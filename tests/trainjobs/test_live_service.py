@@ -50,6 +50,8 @@ def test_submit_follow_runs_to_success(service: LiveService, sentiment_files: di
     shown = json.loads(service.cli("jobs", "show", job_id).stdout)
     assert shown["status"] == "succeeded" and shown["progress"]["step"] == shown["progress"]["total"]
     assert job_id in service.cli("jobs", "list", "--status", "succeeded").stdout
+    assert job_id in service.cli("jobs", "list", "--owner", "admin").stdout  # the bootstrap key's owner
+    assert job_id not in service.cli("jobs", "list", "--owner", "nobody").stdout
     logs = service.cli("jobs", "logs", job_id).stdout.splitlines()
     assert "status running" in logs[0] and "status succeeded" in logs[-1]
     assert any(" metric step=" in line and "loss=" in line for line in logs)

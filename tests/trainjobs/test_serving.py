@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -17,8 +16,9 @@ import httpx
 import pytest
 
 from tests.trainjobs.live import REPO, trainjobs_argv
+from tests.trainjobs.sockets import accepted_nodelay
 from tests.worker.live import free_port
-from trainjobs.serving import reuse_port_socket, supervise
+from trainjobs.serving import FAST_EXIT_S, MAX_QUICK_DEATHS, reuse_port_socket, supervise
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
 
@@ -109,6 +109,32 @@ def test_api_processes_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     wait_until(lambda: not socket_owners(port, "listening"), 30, "the orphaned listeners to close")
 
 
+def test_a_crash_loop_stops_serve_with_status_1(tmp_path: Path) -> None:
+    port = free_port()
+    parent = subprocess.Popen(
+        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]),
+        env=serve_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
+        seen = set(socket_owners(port, "listening"))
+        victim = min(seen)
+        for death in range(1, MAX_QUICK_DEATHS + 1):
+            os.kill(victim, signal.SIGKILL)  # each time within FAST_EXIT_S of its start
+            if death == MAX_QUICK_DEATHS:
+                break
+            wait_until(lambda: set(socket_owners(port, "listening")) - seen, FAST_EXIT_S, "a replacement")
+            (victim,) = set(socket_owners(port, "listening")) - seen
+            seen.add(victim)
+        assert parent.wait(timeout=60) == 1
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    wait_until(lambda: not socket_owners(port, "listening"), 30, "the listeners to close")
+
+
 def test_a_taken_port_stops_serve_with_status_1(tmp_path: Path) -> None:
     with socket.socket() as taken:  # a listener without SO_REUSEPORT: the children cannot bind
         taken.bind(("127.0.0.1", 0))
@@ -131,25 +157,5 @@ def test_several_workers_need_a_named_port() -> None:
 
 def test_reuse_port_listener_gives_connections_tcp_nodelay() -> None:
     listener = reuse_port_socket("127.0.0.1", 0)
-    seen: list[int] = []
-
-    async def serve_one() -> None:
-        async def on_connect(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
-            writer.close()
-
-        server = await asyncio.start_server(on_connect, sock=listener)
-        async with server:
-            _reader, writer = await asyncio.open_connection(*listener.getsockname()[:2])
-            for _ in range(100):
-                if seen:
-                    break
-                await asyncio.sleep(0.01)
-            writer.close()
-
-    try:
-        assert listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
-        asyncio.run(serve_one())
-    finally:
-        listener.close()
-    assert seen and seen[0] != 0, "accepted connection lacks TCP_NODELAY"
+    assert listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
+    assert accepted_nodelay(listener) != 0, "accepted connection lacks TCP_NODELAY"

@@ -85,7 +85,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 @readable_errors
 def cmd_list(args: argparse.Namespace) -> int:
     with client_for(args) as client:
-        for job in client.list(status=args.status, limit=args.limit):
+        for job in client.list(status=args.status, limit=args.limit, owner=args.owner):
             progress = job.get("progress") or {}
             step, total = progress.get("step", 0), progress.get("total")
             print(f"{job['id']}  {job['status']:<10} {step}/{total or '?':<8} {job.get('name', '')}")
@@ -164,6 +164,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
     listing = jobs_sub.add_parser("list", parents=[conn], help="jobs, newest first")
     listing.add_argument("--status", default=None)
+    listing.add_argument("--owner", default=None, help="only this owner's jobs (another owner's: admin keys only)")
     listing.add_argument("--limit", type=int, default=20)
     listing.set_defaults(func=cmd_list)
     for name, func, text in (("show", cmd_show, "one job as JSON"), ("cancel", cmd_cancel, "cancel a job")):
