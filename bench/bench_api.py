@@ -52,6 +52,7 @@ from api.auth import create_api_key
 from api.db import Base
 from api.db.session import make_engine
 from api.settings import Settings
+from worker.processes import stop_processes
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -131,16 +132,6 @@ def service_env(settings_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 @contextmanager
 def running_service(api_workers: int) -> Iterator[Service]:
     """API + worker on a fresh PostgreSQL database and Redis database; everything removed afterwards."""
@@ -191,7 +182,7 @@ def running_service(api_workers: int) -> Iterator[Service]:
         raise
     finally:
         for proc in reversed(procs):  # the worker first: it waits for its slot to shut down warm
-            stop_process(proc, 45)
+            stop_processes([proc], 45, "service process")
         for marker in (str(home), worker_queue):  # training runs and slots live in their own sessions
             for pid in processes_mentioning(marker):
                 os.kill(pid, signal.SIGKILL)

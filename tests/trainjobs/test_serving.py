@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -26,6 +27,15 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO
 def serve_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "BROKER_URL", "TRAINJOBS_ENV"}}
     return {**env, "TRAINJOBS_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def start_serve(tmp_path: Path, port: int, *extra: str, output: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+    """``trainjobs serve --workers 2`` on ``port``, in a session of its own; output to ``output`` or nowhere."""
+    return subprocess.Popen(
+        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2", *extra]),
+        env=serve_env(tmp_path), cwd=REPO, stdout=output or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
 
 
 def socket_owners(port: int, state: str) -> list[int]:
@@ -48,10 +58,7 @@ def wait_until(predicate: object, timeout: float, what: str) -> None:
 def test_each_process_listens_on_its_own_socket_and_connections_spread(tmp_path: Path) -> None:
     port = free_port()
     log = (tmp_path / "serve.log").open("wb")
-    parent = subprocess.Popen(
-        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--no-access-log"]),
-        env=serve_env(tmp_path), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    parent = start_serve(tmp_path, port, "--no-access-log", output=log)
     try:
         wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
         listeners = set(socket_owners(port, "listening"))
@@ -96,11 +103,7 @@ def test_each_process_listens_on_its_own_socket_and_connections_spread(tmp_path:
 
 def test_api_processes_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     port = free_port()
-    parent = subprocess.Popen(
-        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]),
-        env=serve_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    parent = start_serve(tmp_path, port)
     try:
         wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
     finally:
@@ -111,11 +114,7 @@ def test_api_processes_die_with_a_killed_supervisor(tmp_path: Path) -> None:
 
 def test_a_crash_loop_stops_serve_with_status_1(tmp_path: Path) -> None:
     port = free_port()
-    parent = subprocess.Popen(
-        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]),
-        env=serve_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    parent = start_serve(tmp_path, port)
     try:
         wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
         seen = set(socket_owners(port, "listening"))

@@ -23,6 +23,7 @@ from api.auth import create_api_key
 from api.db import Base
 from api.db.session import get_engine, session_scope
 from api.settings import Settings
+from worker.processes import stop_processes
 
 
 def free_port() -> int:
@@ -49,13 +50,8 @@ def processes_mentioning(marker: str) -> list[int]:
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    """SIGTERM, then SIGKILL to its process group after ``timeout`` (as the worker stops its slots)."""
+    stop_processes([proc], timeout, "test service process")
 
 
 @dataclass
