@@ -21,6 +21,7 @@ RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY trainer_core ./trainer_core
+COPY service_core ./service_core
 COPY api ./api
 COPY worker ./worker
 COPY trainjobs ./trainjobs

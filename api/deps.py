@@ -21,11 +21,12 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.artifacts import ArtifactStore
-from api.auth import Caller, KeyCache, authenticate_hash, hash_key
-from api.db.models import Dataset, Job
+from api.auth import KeyCache
 from api.problems import Problem, validation_problem
-from api.settings import Settings
+from service_core.artifacts import ArtifactStore
+from service_core.db.models import Dataset, Job
+from service_core.keys import Caller, authenticate_hash, hash_key
+from service_core.settings import Settings
 from trainer_core.spec import FieldError
 
 # enqueue(job_id, queue, priority, settings): the worker's `enqueue_job` signature.
@@ -71,7 +72,7 @@ async def get_enqueuer(request: Request) -> Enqueuer:
     """
     enqueue: Enqueuer | None = getattr(request.app.state, "enqueue", None)
     if enqueue is None:
-        from worker.celery_app import enqueue_job
+        from service_core.queue import enqueue_job
 
         enqueue = request.app.state.enqueue = enqueue_job
     return enqueue

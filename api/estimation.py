@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from api.problems import Problem
-from api.settings import Settings
+from service_core.settings import Settings
 from trainer_core.spec import JobSpec
 
 logger = logging.getLogger(__name__)

@@ -19,14 +19,15 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.artifacts import ArtifactStore
-from api.auth import KeyCache, ensure_bootstrap_key
-from api.db.session import make_engine
+from api.auth import KeyCache
 from api.problems import install_problem_handlers
 from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
 from api.routes.prometheus import install_metrics
-from api.settings import Settings, get_settings
 from api.uploads import UploadLimitMiddleware
+from service_core.artifacts import ArtifactStore
+from service_core.db.session import make_engine
+from service_core.keys import ensure_bootstrap_key
+from service_core.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ API_POOL_SIZE = API_THREADS + UPLOAD_THREADS
 def _warm_up(done: threading.Event) -> None:
     # The estimator imports torch and transformers, enqueueing imports Celery (seconds, once): do it
     # at start, off the event loop, rather than in the first submit.
-    for module in ("trainer_core.memory", "worker.celery_app"):
+    for module in ("trainer_core.memory", "service_core.queue"):
         try:
             importlib.import_module(module)
         except ImportError:

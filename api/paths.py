@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from api.db.models import Dataset
 from api.uploads import UPLOADS_DIR
+from service_core.db.models import Dataset
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")

@@ -48,10 +48,10 @@ import psycopg
 import redis
 from sqlalchemy.orm import Session
 
-from api.auth import create_api_key
-from api.db import Base
-from api.db.session import make_engine
-from api.settings import Settings
+from service_core.db import Base
+from service_core.db.session import make_engine
+from service_core.keys import create_api_key
+from service_core.settings import Settings
 from worker.processes import stop_processes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Alembic environment: the models' metadata, and the URL from ``DATABASE_URL`` (api.settings).
+"""Alembic environment: the models' metadata, and the URL from ``DATABASE_URL`` (service_core.settings).
 
 ``render_as_batch`` lets later migrations alter SQLite tables (copy-and-move); it changes nothing
 on PostgreSQL.
@@ -11,9 +11,9 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-import api.db.models  # noqa: F401  (registers every table on Base.metadata)
-from api.db.base import Base
-from api.settings import get_settings
+import service_core.db.models  # noqa: F401  (registers every table on Base.metadata)
+from service_core.db.base import Base
+from service_core.settings import get_settings
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

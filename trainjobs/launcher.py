@@ -22,7 +22,7 @@ from types import FrameType
 
 import httpx
 
-from api.settings import Settings
+from service_core.settings import Settings
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 STOP_GRACE_S = 45.0  # on top of the cancel grace: the worker checkpoints, then records it
@@ -55,8 +55,8 @@ def admin_key(settings: Settings) -> str:
     path = settings.home / "admin_key"
     if path.is_file() and path.read_text().strip():
         return path.read_text().strip()
-    from api.auth import create_api_key
-    from api.db.session import session_scope
+    from service_core.db.session import session_scope
+    from service_core.keys import create_api_key
 
     with session_scope(settings.database_url) as session:
         key = create_api_key(session, "admin", True, settings=settings)

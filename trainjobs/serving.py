@@ -65,7 +65,7 @@ def serve_one(host: str, port: int, *, access_log: bool) -> None:
     """One API process on its own SO_REUSEPORT listener (a child of :func:`supervise`)."""
     import uvicorn
 
-    from api.logging import configure_logging
+    from service_core.logging import configure_logging
 
     configure_logging()
     die_with_parent()

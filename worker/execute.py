@@ -19,11 +19,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.artifacts import ArtifactStore
-from api.db.jobstore import transition
-from api.db.models import Job, JobStatus
-from api.db.session import session_scope
-from api.settings import Settings
+from service_core.artifacts import ArtifactStore
+from service_core.db.jobstore import transition
+from service_core.db.models import Job, JobStatus
+from service_core.db.session import session_scope
+from service_core.settings import Settings
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint
 from worker.outcome import RunOutcome
 from worker.supervisor import RunPaths, supervise_run

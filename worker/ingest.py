@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from api.db.jobstore import add_events
-from api.db.models import Job, MetricPoint
+from service_core.db.jobstore import add_events
+from service_core.db.models import Job, MetricPoint
 from trainer_core.events import Event
 
 SessionFactory = Callable[[], AbstractContextManager[Session]]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from api.settings import Settings, get_settings
+from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
 from worker.processes import stop_processes
 from worker.recovery import recover_orphaned_jobs

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from api.db.base import utcnow
-from api.db.jobstore import transition
-from api.db.models import Job, JobStatus
-from api.db.session import session_scope
-from api.settings import Settings
+from service_core.db.base import utcnow
+from service_core.db.jobstore import transition
+from service_core.db.models import Job, JobStatus
+from service_core.db.session import session_scope
+from service_core.settings import Settings
 from trainer_core.checkpoint import newest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def is_orphaned(job: Job, host: str, stale_after_s: float) -> bool:
 
 def requeue_or_fail(job_id: str, settings: Settings, *, has_checkpoint: bool, message: str) -> str:
     """``running -> queued`` (and enqueue) with a checkpoint, else ``running -> failed/worker_lost``."""
-    from worker.celery_app import enqueue_job
+    from service_core.queue import enqueue_job
 
     with session_scope(settings.database_url) as session:
         job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()

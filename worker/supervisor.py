@@ -29,8 +29,8 @@ from typing import IO, Any
 
 from sqlalchemy import select, update
 
-from api.db.base import utcnow
-from api.db.models import Job
+from service_core.db.base import utcnow
+from service_core.db.models import Job
 from trainer_core.events import Event, parse_event_line
 from worker.ingest import EventIngestor, SessionFactory
 from worker.outcome import RunOutcome, classify_exit, stderr_tail

@@ -15,9 +15,10 @@ from celery import signals
 from celery.exceptions import Reject
 from pydantic import BaseModel, Field
 
-from api.logging import configure_logging, job_context
-from api.settings import get_settings
-from worker.celery_app import TASK_NAME, app
+from service_core.logging import configure_logging, job_context
+from service_core.queue import TASK_NAME
+from service_core.settings import get_settings
+from worker.celery_app import app
 from worker.execute import execute_job
 
 log = logging.getLogger(__name__)

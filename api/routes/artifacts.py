@@ -8,11 +8,11 @@ import posixpath
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from api.artifacts import ArtifactPathError, clean_relative_path
 from api.deps import ArtifactsDep, OwnedJob
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.datasets import ArtifactList, ArtifactOut
+from service_core.artifacts import ArtifactPathError, clean_relative_path
 
 router = APIRouter(prefix="/v1/jobs", tags=["artifacts"], responses=problem_responses(401, 404, 422))
 

@@ -10,14 +10,14 @@ from fastapi import APIRouter, File, Form, Request, UploadFile, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.auth import Caller
-from api.db.base import new_id
-from api.db.models import Dataset
 from api.deps import CallerDep, SessionDep, SessionFactoryDep, SettingsDep, owned_dataset
 from api.schemas.common import problem_responses
 from api.schemas.datasets import DatasetList, DatasetOut
-from api.settings import Settings
 from api.uploads import dataset_dir, store_upload
+from service_core.db.base import new_id
+from service_core.db.models import Dataset
+from service_core.keys import Caller
+from service_core.settings import Settings
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=problem_responses(401, 404, 413, 422))
 

@@ -12,7 +12,7 @@ from api.estimation import estimate, plan
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.estimates import Catalog, EstimateRequest, EstimateResponse
-from api.settings import Settings
+from service_core.settings import Settings
 from trainer_core.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["estimates"], responses=problem_responses(401, 404, 422))

@@ -21,10 +21,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.db.models import Job, JobEvent, JobStatus
 from api.deps import OwnedJob, get_sessionmaker_for
 from api.problems import Problem
 from api.schemas.common import as_utc, problem_responses
+from service_core.db.models import Job, JobEvent, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"], responses=problem_responses(401, 404, 422))
 

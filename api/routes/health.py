@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from kombu import Connection
 
-from api.db.session import ping
 from api.deps import SessionDep, SettingsDep
 from api.problems import Problem
 from api.schemas.common import problem_responses
+from service_core.db.session import ping
 
 router = APIRouter(tags=["health"])
 

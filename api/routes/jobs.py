@@ -13,9 +13,6 @@ from sqlalchemy import Engine, and_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import Caller
-from api.db.jobstore import insert_job, transition
-from api.db.models import Job, JobStatus
 from api.deps import (
     CallerDep,
     EngineDep,
@@ -32,7 +29,10 @@ from api.paths import check_spec_locations, resolve_uploaded_dataset
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
-from api.settings import Settings
+from service_core.db.jobstore import insert_job, transition
+from service_core.db.models import Job, JobStatus
+from service_core.keys import Caller
+from service_core.settings import Settings
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from api.db.models import MetricPoint
 from api.deps import OwnedJob, SessionDep
 from api.schemas.common import problem_responses
 from api.schemas.jobs import MetricPage, MetricPointOut
+from service_core.db.models import MetricPoint
 
 router = APIRouter(prefix="/v1/jobs", tags=["metrics"], responses=problem_responses(401, 404, 422))
 

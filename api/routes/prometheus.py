@@ -19,8 +19,8 @@ from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.db.models import Job, JobStatus
 from api.deps import get_sessionmaker_for
+from service_core.db.models import Job, JobStatus
 
 router = APIRouter(tags=["observability"])
 

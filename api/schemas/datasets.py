@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from api.db.models import Dataset
 from api.schemas.common import UtcDatetime
+from service_core.db.models import Dataset
 
 
 class DatasetOut(BaseModel):

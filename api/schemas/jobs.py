@@ -7,12 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.db.models import Job, JobStatus
 from api.schemas.common import UtcDatetime
 from api.schemas.examples import EXAMPLE_JOB_CREATE, EXAMPLE_UPLOADED_DATASET_JOB
+from service_core.db.models import Job, JobStatus
 from trainer_core.spec import JobSpec
 
-# The worker's scale (worker.celery_app.MIN_PRIORITY..MAX_PRIORITY; a test pins them equal).
+# The worker's scale (service_core.queue.MIN_PRIORITY..MAX_PRIORITY; a test pins them equal).
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # The estimate's parts shown beside the worker's measurement of the same quantities.

@@ -1,4 +1,4 @@
-"""Initial schema: API keys, datasets, jobs, job events and metric points (exactly api/db/models.py).
+"""Initial schema: API keys, datasets, jobs, job events and metric points (exactly service_core/db/models.py).
 
 Revision ID: 0001
 Revises:
@@ -18,7 +18,7 @@ down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# JSONB on PostgreSQL, JSON text elsewhere (api.db.base.JsonType).
+# JSONB on PostgreSQL, JSON text elsewhere (service_core.db.base.JsonType).
 JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
 
 

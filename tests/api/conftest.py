@@ -19,11 +19,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from api.auth import create_api_key
-from api.db.base import Base
-from api.db.models import Job, JobStatus
 from api.main import create_app
-from api.settings import Settings
+from service_core.db.base import Base
+from service_core.db.models import Job, JobStatus
+from service_core.keys import create_api_key
+from service_core.settings import Settings
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
@@ -52,7 +52,7 @@ def pg_url() -> Iterator[str]:
 @pytest.fixture(params=BACKENDS)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'api.db'}"
+        url = f"sqlite:///{tmp_path / 'service_core.db'}"
         engine = create_engine(url)
         Base.metadata.create_all(engine)
         engine.dispose()

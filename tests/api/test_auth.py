@@ -10,10 +10,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.auth import Caller, KeyCache, authenticate, create_api_key, hash_key
-from api.db.models import ApiKey
+from api.auth import KeyCache
 from api.main import create_app
-from api.settings import Settings
+from service_core.db.models import ApiKey
+from service_core.keys import Caller, authenticate, create_api_key, hash_key
+from service_core.settings import Settings
 from tests.api.conftest import Keys
 
 

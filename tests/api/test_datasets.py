@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.db.models import Dataset, Job
-from api.settings import Settings
+from service_core.db.models import Dataset, Job
+from service_core.settings import Settings
 from tests.api.conftest import UPLOAD_LIMIT_MB, Keys, make_spec
 
 CSV = b"text,label\ngreat film,1\nawful film,0\n"

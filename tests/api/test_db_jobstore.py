@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.db import Base, Job, JobEvent, JobStatus
-from api.db.jobstore import add_events, transition
-from api.db.session import make_engine
+from service_core.db import Base, Job, JobEvent, JobStatus
+from service_core.db.jobstore import add_events, transition
+from service_core.db.session import make_engine
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.routes import estimates
-from api.settings import Settings
+from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
 from trainer_core.memory import catalog_ids, estimate_memory, plan_memory
 from trainer_core.spec import JobSpec
@@ -108,7 +108,7 @@ def test_healthz_and_readyz(client: TestClient) -> None:
     while not client.get("/readyz").json()["warmed_up"]:
         assert time.monotonic() < deadline, "the API never finished warming up"
         time.sleep(0.1)
-    assert {"trainer_core.memory", "worker.celery_app"} <= set(sys.modules)
+    assert {"trainer_core.memory", "service_core.queue"} <= set(sys.modules)
 
 
 def test_readyz_is_503_when_the_broker_is_down(settings: Settings) -> None:

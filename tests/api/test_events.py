@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.db.jobstore import add_events, transition
-from api.db.models import Job, JobStatus
+from service_core.db.jobstore import add_events, transition
+from service_core.db.models import Job, JobStatus
 from tests.api.conftest import Keys, add_job
 
 

@@ -9,9 +9,9 @@ from kombu import Connection
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.db.models import Job, JobEvent, JobStatus
 from api.schemas.jobs import MAX_PRIORITY, MIN_PRIORITY
-from api.settings import Settings
+from service_core.db.models import Job, JobEvent, JobStatus
+from service_core.settings import Settings
 from tests.api.conftest import Keys, add_job, make_spec
 
 
@@ -62,8 +62,8 @@ def test_submit_routes_to_named_queue(client: TestClient, keys: Keys, settings: 
 
 
 def test_priority_scale_matches_the_worker() -> None:
-    from worker.celery_app import MAX_PRIORITY as WORKER_MAX
-    from worker.celery_app import MIN_PRIORITY as WORKER_MIN
+    from service_core.queue import MAX_PRIORITY as WORKER_MAX
+    from service_core.queue import MIN_PRIORITY as WORKER_MIN
 
     assert (MIN_PRIORITY, MAX_PRIORITY) == (WORKER_MIN, WORKER_MAX)
 

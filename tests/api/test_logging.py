@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.logging import configure_logging, job_context
+from service_core.logging import configure_logging, job_context
 
 
 @pytest.fixture

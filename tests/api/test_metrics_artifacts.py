@@ -8,8 +8,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.db.models import MetricPoint
-from api.db.session import allocate_seqs
+from service_core.db.models import MetricPoint
+from service_core.db.session import allocate_seqs
 from tests.api.conftest import Keys, add_job
 
 

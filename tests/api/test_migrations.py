@@ -13,7 +13,7 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from api.db.base import Base
+from service_core.db.base import Base
 from tests.api.conftest import PG_SERVER
 
 REPO = Path(__file__).resolve().parents[2]

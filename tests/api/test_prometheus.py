@@ -8,9 +8,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
-from api.db.base import utcnow
-from api.db.jobstore import transition
-from api.db.models import JobStatus
+from service_core.db.base import utcnow
+from service_core.db.jobstore import transition
+from service_core.db.models import JobStatus
 from tests.api.conftest import Keys, add_job
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from api.settings import Settings
+from service_core.settings import Settings
 from tests.trainjobs.live import REPO
 from trainjobs.cli import COMMANDS
 

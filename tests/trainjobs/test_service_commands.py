@@ -9,9 +9,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from api.auth import authenticate
-from api.db.session import make_engine
-from api.settings import Settings
+from service_core.db.session import make_engine
+from service_core.keys import authenticate
+from service_core.settings import Settings
 from tests.trainjobs.live import REPO, trainjobs_argv
 
 

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from sqlalchemy import select
 
-from api.db import Base, Job
-from api.db.session import get_engine, session_scope
-from api.settings import Settings
+from service_core.db import Base, Job
+from service_core.db.session import get_engine, session_scope
+from service_core.settings import Settings
 from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from api.auth import create_api_key
-from api.db import Base
-from api.db.session import get_engine, session_scope
-from api.settings import Settings
+from service_core.db import Base
+from service_core.db.session import get_engine, session_scope
+from service_core.keys import create_api_key
+from service_core.settings import Settings
 from worker.processes import stop_processes
 
 

@@ -11,9 +11,9 @@ import pytest
 import redis
 from kombu import Connection
 
-from api.settings import Settings
-from worker import redis_transport
-from worker.celery_app import REDIS_TRANSPORT, TASK_NAME, celery_config, celery_for, enqueue_job
+from service_core import redis_transport
+from service_core.queue import REDIS_TRANSPORT, TASK_NAME, celery_config, celery_for, enqueue_job
+from service_core.settings import Settings
 
 from .conftest import make_settings
 
@@ -58,7 +58,7 @@ def test_redis_delivers_higher_priority_first(tmp_path: Path) -> None:
 
 
 def test_redis_publishing_reuses_one_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # kombu builds a redis.Redis per published message; worker.redis_transport keeps one per channel.
+    # kombu builds a redis.Redis per published message; service_core.redis_transport keeps one per channel.
     settings = make_settings(tmp_path, BROKER_URL=REDIS_URL)
     assert celery_for(settings).conf.broker_transport == REDIS_TRANSPORT
     built: list[object] = []
@@ -105,5 +105,5 @@ def test_embedded_broker_keeps_jobs_in_submission_order(tmp_path: Path) -> None:
 
 
 def test_enqueueing_does_not_load_torch() -> None:
-    code = "import sys, worker.celery_app; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, service_core.queue; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from api.db import JobEvent, JobStatus
-from api.db.jobstore import transition
-from api.db.session import session_scope
-from api.settings import Settings
+from service_core.db import JobEvent, JobStatus
+from service_core.db.jobstore import transition
+from service_core.db.session import session_scope
+from service_core.settings import Settings
 from worker.execute import claim_job, execute_job, record_outcome, run_paths
 from worker.outcome import RunOutcome
 

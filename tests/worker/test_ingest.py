@@ -10,9 +10,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from api.db import JobEvent, MetricPoint
-from api.db.session import session_scope
-from api.settings import Settings
+from service_core.db import JobEvent, MetricPoint
+from service_core.db.session import session_scope
+from service_core.settings import Settings
 from trainer_core.events import make_event, parse_event_line
 from worker.execute import session_factory
 from worker.ingest import EventIngestor

@@ -11,10 +11,10 @@ from pathlib import Path
 from kombu import Connection
 from sqlalchemy import update
 
-from api.db import Job
-from api.db.base import utcnow
-from api.db.session import session_scope
-from api.settings import Settings
+from service_core.db import Job
+from service_core.db.base import utcnow
+from service_core.db.session import session_scope
+from service_core.settings import Settings
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, write_meta
 from trainer_core.spec import parse_spec
 from worker.execute import run_paths, worker_name

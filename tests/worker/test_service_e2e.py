@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from api.settings import Settings
+from service_core.settings import Settings
 from tests.trainer_core.datagen import write_sentiment_csv
 
 from .conftest import create_pg_database, drop_pg_database, group_members, make_settings, quick_spec

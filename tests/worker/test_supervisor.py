@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from api.artifacts import ArtifactStore
-from api.db import Job, JobEvent, MetricPoint
-from api.db.session import session_scope
-from api.settings import Settings
+from service_core.artifacts import ArtifactStore
+from service_core.db import Job, JobEvent, MetricPoint
+from service_core.db.session import session_scope
+from service_core.settings import Settings
 from trainer_core.checkpoint import newest_checkpoint
 from trainer_core.events import make_event
 from worker.execute import execute_job, run_paths

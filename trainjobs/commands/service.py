@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from api.settings import Settings
+from service_core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def tcp_nodelay_listener() -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.logging import configure_logging
+    from service_core.logging import configure_logging
     from trainjobs.serving import reuse_port_supported, supervise
 
     settings = Settings()
@@ -88,7 +88,7 @@ def parse_gpus(text: str | None) -> list[str] | None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from api.logging import configure_logging
+    from service_core.logging import configure_logging
     from worker.main import run_worker
 
     configure_logging()
@@ -105,8 +105,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from api.auth import create_api_key
-    from api.db.session import session_scope
+    from service_core.db.session import session_scope
+    from service_core.keys import create_api_key
 
     settings = Settings()
     try:

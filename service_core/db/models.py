@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.db.base import Base, new_id, utcnow
+from service_core.db.base import Base, new_id, utcnow
 
 
 class JobStatus(enum.StrEnum):

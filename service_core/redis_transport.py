@@ -6,7 +6,7 @@ is for: a fifth of the API's CPU per job submission went to Celery's publish pat
 that to building clients (bench/bench_api.py, py-spy). The client here shares the channel's
 connection pool, as kombu's own clients do, and redis-py clients are safe to share between threads.
 
-Selected by ``worker.celery_app.celery_config`` for ``redis://`` and ``rediss://`` broker URLs.
+Selected by ``service_core.queue.celery_config`` for ``redis://`` and ``rediss://`` broker URLs.
 """
 
 from __future__ import annotations

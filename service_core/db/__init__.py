@@ -1,7 +1,7 @@
 """Persistence: typed SQLAlchemy models and sessions (Alembic migrations live in migrations/)."""
 
-from api.db.base import Base
-from api.db.models import (
+from service_core.db.base import Base
+from service_core.db.models import (
     TERMINAL_STATUSES,
     ApiKey,
     Dataset,
@@ -11,7 +11,7 @@ from api.db.models import (
     MetricPoint,
     can_transition,
 )
-from api.db.session import allocate_seqs, get_engine, get_sessionmaker, session_scope
+from service_core.db.session import allocate_seqs, get_engine, get_sessionmaker, session_scope
 
 __all__ = [
     "TERMINAL_STATUSES",

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import get_settings
+from service_core.settings import get_settings
 
 
 def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
@@ -70,7 +70,7 @@ def allocate_seqs(session: Session, job_id: str, count: int) -> int:
     A single UPDATE ... RETURNING is atomic on PostgreSQL and SQLite alike, so the API and a worker
     writing events for the same job never hand out the same number.
     """
-    from api.db.models import Job
+    from service_core.db.models import Job
 
     last = session.execute(
         update(Job).where(Job.id == job_id).values(last_seq=Job.last_seq + count).returning(Job.last_seq)

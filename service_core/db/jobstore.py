@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import Connection, Table, insert, select, update
 from sqlalchemy.orm import Session
 
-from api.db.base import utcnow
-from api.db.models import Job, JobEvent, JobStatus, can_transition
-from api.db.session import allocate_seqs
+from service_core.db.base import utcnow
+from service_core.db.models import Job, JobEvent, JobStatus, can_transition
+from service_core.db.session import allocate_seqs
 
 
 def insert_job(conn: Connection, **values: Any) -> Job:
