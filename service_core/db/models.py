@@ -5,7 +5,6 @@ The database is the source of truth for job state; the broker only carries job i
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 from typing import Any
 
@@ -23,35 +22,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service_core.db.base import Base, new_id, utcnow
+from service_core.status import ALLOWED_TRANSITIONS, TERMINAL_STATUSES, JobStatus, can_transition
 
-
-class JobStatus(enum.StrEnum):
-    """The one job status enum. Status moves only forward; terminal statuses are final."""
-
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
-
-TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-# Allowed moves; running -> queued is the one step back, for a job requeued after its worker died.
-ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.queued: frozenset({JobStatus.running, JobStatus.cancelled, JobStatus.failed}),
-    JobStatus.running: frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.queued}),
-    JobStatus.succeeded: frozenset(),
-    JobStatus.failed: frozenset(),
-    JobStatus.cancelled: frozenset(),
-}
-
-
-def can_transition(current: JobStatus, new: JobStatus) -> bool:
-    return new in ALLOWED_TRANSITIONS[current]
+__all__ = ["ALLOWED_TRANSITIONS", "TERMINAL_STATUSES", "JobStatus", "can_transition"]
 
 
 class ApiKey(Base):
