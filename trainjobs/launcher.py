@@ -2,13 +2,18 @@
 
 Order of things: migrate the database, recover jobs a previous run left behind, make sure there is an
 admin key, start the API (``trainjobs serve``) and wait until it answers, start one worker
-(``trainjobs worker``), print where everything is. Ctrl-C stops the worker first (which stops any
-running training and records it), then the API. Children run in their own sessions, so the terminal's
-Ctrl-C reaches only this process, which then stops them in that order.
+(``trainjobs worker``), print where everything is. Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal)
+stops the worker first (which stops any running training and records it), then the API. Children run
+in their own sessions, so the terminal's Ctrl-C reaches only this process, which then stops them in
+that order; and they die with it, so even a SIGKILLed launcher leaves nothing listening or consuming.
+
+One launcher per home: ``dev.lock`` under it is held (``flock``) while one runs. The kernel drops the
+lock when its holder dies, however it dies, so a stale lock file is simply taken over.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -19,18 +24,56 @@ import time
 from pathlib import Path
 from string import Template
 from types import FrameType
+from typing import TextIO
 
 import httpx
 
 from service_core.settings import Settings
+from worker.processes import spawn_child
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 STOP_GRACE_S = 45.0  # on top of the cancel grace: the worker checkpoints, then records it
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+LOCK_FILE = "dev.lock"
+
+
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    # SIGTERM (docker stop, a test) shuts down like Ctrl-C.
+    # SIGTERM (docker stop, a test) and SIGHUP (the terminal closed) shut down like Ctrl-C.
     raise KeyboardInterrupt
+
+
+class AlreadyRunning(RuntimeError):
+    """Another ``trainjobs dev`` holds this home."""
+
+
+def take_home_lock(home: Path, url: str) -> TextIO:
+    """Hold ``home/dev.lock`` for as long as the returned file stays open; AlreadyRunning if taken.
+
+    The file says who holds it, for the message the second launcher prints.
+    """
+    handle = (home / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "{}"
+        handle.close()
+        try:
+            info = json.loads(holder)
+        except json.JSONDecodeError:
+            info = {}
+        raise AlreadyRunning(
+            f"trainjobs dev is already running on this home ({home.resolve()}): pid {info.get('pid', '?')}, "
+            f"serving {info.get('url', '?')}. Stop it (Ctrl-C in its terminal), or set TRAINJOBS_HOME "
+            "to another folder."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps({"pid": os.getpid(), "url": url}))
+    handle.flush()
+    return handle
 
 
 def apply_migrations(database_url: str) -> None:
@@ -121,9 +164,7 @@ class DevLauncher:
         return f"http://{self.host}:{self.port}"
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trainjobs.cli", *args], env=env, start_new_session=True
-        )
+        process = spawn_child([sys.executable, "-m", "trainjobs.cli", *args], env)
         self.children.append((name, process))
         return process
 
@@ -162,13 +203,25 @@ class DevLauncher:
     def run(self) -> int:
         settings = self.settings
         settings.home.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = take_home_lock(settings.home, self.url)
+        except AlreadyRunning as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        try:
+            return self._run_locked()
+        finally:
+            lock.close()
+
+    def _run_locked(self) -> int:
+        settings = self.settings
         apply_migrations(settings.database_url)
         recover_jobs(settings)
         key = admin_key(settings)
         example = write_example(settings) if self.example else None
         # Children read the same settings; the key is passed so the API registers it if needed.
         env = {**os.environ, "TRAINJOBS_HOME": str(settings.home.resolve()), "TRAINJOBS_API_KEY": key}
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
         try:
             api = self._spawn("api", ["serve", "--host", self.host, "--port", str(self.port)], env)
             if not self._wait_ready(api):
@@ -186,7 +239,8 @@ class DevLauncher:
             return 0
         finally:
             self.stop()
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def stop(self) -> None:
         """Worker first (it stops and records running training), then the API; SIGKILL as last resort."""

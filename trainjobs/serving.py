@@ -26,7 +26,7 @@ import sys
 import time
 from types import FrameType
 
-from worker.processes import stop_processes
+from worker.processes import spawn_child, stop_processes
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ def serve_one(host: str, port: int, *, access_log: bool) -> None:
     from service_core.logging import configure_logging
 
     configure_logging()
-    die_with_parent()
     try:
         listener = reuse_port_socket(host, port)
     except OSError as exc:
@@ -76,18 +75,6 @@ def serve_one(host: str, port: int, *, access_log: bool) -> None:
         raise SystemExit(1) from None
     config = uvicorn.Config(APP, factory=True, log_config=None, proxy_headers=True, access_log=access_log)
     uvicorn.Server(config).run(sockets=[listener])
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies, so a SIGKILLed supervisor leaves no
-    API process behind (each child has a session of its own, so no group signal reaches it)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still stops children
-        log.debug("PR_SET_PDEATHSIG unavailable")
 
 
 def child_command(host: str, port: int, *, access_log: bool) -> list[str]:
@@ -104,11 +91,11 @@ def supervise(host: str, port: int, workers: int, *, access_log: bool = True) ->
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop_signal.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     command = child_command(host, port, access_log=access_log)
 
     def start() -> tuple[subprocess.Popen[bytes], float]:
-        return subprocess.Popen(command, start_new_session=True), time.monotonic()
+        return spawn_child(command), time.monotonic()
 
     status = 0
     children = [start() for _ in range(workers)]

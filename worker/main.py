@@ -22,7 +22,7 @@ from types import FrameType
 
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
-from worker.processes import stop_processes
+from worker.processes import spawn_child, stop_processes
 from worker.recovery import recover_orphaned_jobs
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def start_slots(
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         name = f"gpu{gpu}" if gpu is not None else "cpu"
-        procs.append(subprocess.Popen(slot_command(queues, name, loglevel), env=env, start_new_session=True))
+        procs.append(spawn_child(slot_command(queues, name, loglevel), env))
     return procs
 
 
@@ -98,7 +98,7 @@ def run_worker(
         nonlocal stopping
         stopping = True
 
-    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         while not stopping and all(p.poll() is None for p in procs):
             time.sleep(0.2)

@@ -1,7 +1,10 @@
-"""Stopping the processes a supervisor started: SIGTERM to all at once, SIGKILL to what outlives the timeout.
+"""Starting and stopping the processes a supervisor owns.
 
-Used by the worker for its slots and by ``trainjobs serve --workers N`` for its API processes; both
-start each child in a session of its own, so the SIGKILL goes to the child's whole process group.
+Used by the worker for its slots, by ``trainjobs serve --workers N`` for its API processes and by
+``trainjobs dev`` for the API and the worker. Each child runs in a session of its own (so a terminal's
+Ctrl-C reaches only the supervisor, which stops children in order) and dies with its supervisor: a
+supervisor killed by any signal, SIGKILL included, leaves nothing listening or consuming behind.
+Stopping is SIGTERM to all at once, then SIGKILL to the group of whatever outlives the timeout.
 """
 
 from __future__ import annotations
@@ -11,9 +14,41 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
+
+    A child in a session of its own gets no signal from its parent's group, so without this a
+    SIGKILLed supervisor leaves its children running. ``parent_pid``, when given, closes the race of a
+    parent that died before the call: then the process terminates itself at once.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still stops children
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _dies_with(parent_pid: int) -> Callable[[], None]:
+    # Runs in the child between fork and exec; the death signal survives exec.
+    return lambda: die_with_parent(parent_pid)
+
+
+def spawn_child(command: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a session of its own, to be SIGTERMed when this process dies.
+
+    The death signal follows the thread that forks, so call this from the supervisor's main thread.
+    """
+    return subprocess.Popen(list(command), env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
 
 
 def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float, what: str) -> None:
