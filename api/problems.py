@@ -3,6 +3,9 @@
 Validation errors are ``422`` with an ``errors`` list of ``{field, message, type}``, where ``field`` is
 the dotted path a user would fix (``efficiency.local_sgd_steps``), the same paths the CLI shows. The
 catch-all turns anything unexpected into a 500 problem without internals; bad input never gets there.
+A database that cannot be reached (down, restarting, a network cut, a full pool) is a 503 with
+``Retry-After`` on every route, not a 500: nothing is wrong with the request, and the API recovers by
+itself once the database is back (the pool's pre-ping drops dead connections).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainer_core.spec import FieldError, SpecError, field_errors
@@ -22,6 +26,9 @@ from trainer_core.spec import FieldError, SpecError, field_errors
 logger = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+DATABASE_RETRY_AFTER_S = 5
+# Errors that say the database is unreachable or saturated, not that the request or a row is wrong.
+DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
 # Where FastAPI puts a parameter; not part of the field path a user would type.
 _REQUEST_PARTS = {"body", "query", "path", "header", "cookie"}
 
@@ -104,6 +111,13 @@ async def _on_http_exception(_request: Request, exc: Exception) -> JSONResponse:
     return problem_response(Problem(exc.status_code, detail, headers=exc.headers))
 
 
+async def _on_database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    logger.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return problem_response(
+        Problem(503, "the database is unavailable; retry shortly", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+    )
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Log the traceback for operators; the client gets no internals.
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -116,4 +130,6 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SpecError, _on_spec_error)
     app.add_exception_handler(RequestValidationError, _on_request_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    for error in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(error, _on_database_unavailable)
     app.add_exception_handler(Exception, _on_unexpected)

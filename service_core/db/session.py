@@ -12,6 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service_core.settings import get_settings
 
+CONNECT_TIMEOUT_S = 5
+
 
 def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
     """An engine with the settings each backend needs for several writer processes.
@@ -23,8 +25,12 @@ def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-    elif pool_size is not None:
-        kwargs["pool_size"] = pool_size
+    else:
+        if url.startswith("postgresql"):
+            # A server that stops answering (not refusing) fails a connect in seconds, not never.
+            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+        if pool_size is not None:
+            kwargs["pool_size"] = pool_size
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):
 
