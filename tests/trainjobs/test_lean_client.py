@@ -25,7 +25,7 @@ from tests.trainjobs.live import REPO, LiveService
 # What only the [server] and [train] extras bring; none of it may load on the client's paths.
 SERVER_OR_ENGINE = {
     "torch", "transformers", "accelerate", "datasets", "numpy", "sqlalchemy", "alembic", "psycopg",
-    "celery", "kombu", "redis", "fastapi", "uvicorn", "trainer_core",
+    "celery", "kombu", "redis", "fastapi", "uvicorn", "pydantic_settings",
 }  # fmt: skip
 # What `pip install .` needs from the checkout (the packages pyproject.toml lists, and its readme).
 PROJECT_FILES = ["pyproject.toml", "README.md", "trainer_core", "service_core", "api", "worker", "trainjobs"]
@@ -36,19 +36,26 @@ def test_client_and_remote_commands_load_no_server_or_engine_module(tmp_path: Pa
     script = textwrap.dedent(f"""
         import json, sys
         import trainjobs.client, trainjobs.follow
-        from trainjobs.cli import main
+        from trainjobs.cli import build_parser, main
+        loaded = lambda: sorted({{m.split(".")[0] for m in sys.modules}})
         nowhere = ["--url", "http://127.0.0.1:9"]  # refused at once: the code paths run, no service needed
         codes = [main(["jobs", "list", *nowhere]), main(["submit", {str(spec)!r}, *nowhere]),
                  main(["datasets", "list", *nowhere]), main(["estimate", {str(spec)!r}, "--remote", *nowhere])]
-        print(json.dumps({{"codes": codes, "modules": sorted({{m.split(".")[0] for m in sys.modules}})}}))
+        remote = loaded()
+        build_parser()  # every command group, as `trainjobs --help` registers them
+        print(json.dumps({{"codes": codes, "remote": remote, "help": loaded()}}))
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO)
 
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["codes"] == [2, 2, 2, 2], result.stderr  # each reached the network and reported it
     assert result.stderr.count("cannot reach http://127.0.0.1:9") == 4, result.stderr
-    assert "trainjobs" in report["modules"] and "httpx" in report["modules"]
-    assert SERVER_OR_ENGINE.isdisjoint(report["modules"]), SERVER_OR_ENGINE & set(report["modules"])
+    assert "trainjobs" in report["remote"] and "httpx" in report["remote"]
+    # The remote paths do not even load the engine's package; the help only its spec (pydantic, yaml).
+    heavy_on_remote = (SERVER_OR_ENGINE | {"trainer_core"}) & set(report["remote"])
+    assert not heavy_on_remote, f"the remote commands loaded {sorted(heavy_on_remote)}"
+    heavy_on_help = SERVER_OR_ENGINE & set(report["help"])
+    assert not heavy_on_help, f"registering every command loaded {sorted(heavy_on_help)}"
 
 
 def lean_install(target: Path) -> Path:
@@ -101,3 +108,12 @@ def test_base_install_lists_and_submits_jobs_on_a_live_service(
     assert estimated.returncode == 0, estimated.stderr
     assert "total per device" in estimated.stdout and "max(activations" in estimated.stdout
     assert "Traceback" not in submitted.stderr + listed.stderr + cancelled.stderr + estimated.stderr
+
+    # The server and engine commands are listed, and say which extra they need instead of a traceback.
+    helped = lean("--help")
+    assert helped.returncode == 0 and "serve" in helped.stdout and "train" in helped.stdout
+    train = ["train", str(spec), "--output-dir", "out"]
+    for args, extra in ((["serve"], "server"), (["estimate", str(spec)], "train"), (train, "train")):
+        refused = lean(*args)
+        assert refused.returncode == 2 and f"pip install 'trainjobs[{extra}]'" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
