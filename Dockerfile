@@ -26,7 +26,7 @@ COPY api ./api
 COPY worker ./worker
 COPY trainjobs ./trainjobs
 COPY migrations ./migrations
-RUN pip install . && python -c "import torch, trainjobs.cli; print('torch', torch.__version__, torch.version.cuda)"
+RUN pip install ".[all]" && python -c "import torch, trainjobs.cli; print('torch', torch.__version__, torch.version.cuda)"
 
 RUN useradd --create-home --uid 1000 trainjobs && mkdir -p /data && chown trainjobs /data
 USER trainjobs

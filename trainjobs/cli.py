@@ -24,6 +24,10 @@ COMMANDS: dict[str, str] = {
     "jobs": "trainjobs.commands.remote",
     "datasets": "trainjobs.commands.remote",
 }
+# The extra a command needs beyond `pip install trainjobs` (the remote commands need none).
+EXTRAS: dict[str, str] = {"train": "train", "estimate": "train", "serve": "server", "worker": "all", "dev": "all",
+                          "keys": "server"}  # fmt: skip
+PROJECT_PACKAGES = frozenset({"trainer_core", "service_core", "api", "worker", "trainjobs"})
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -49,7 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(first)
     args = parser.parse_args(args_list)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if args.command not in EXTRAS or not missing or missing in PROJECT_PACKAGES:
+            raise
+        print(f"error: `trainjobs {args.command}` needs {missing}, which this install lacks: "
+              f"pip install 'trainjobs[{EXTRAS[args.command]}]'", file=sys.stderr)  # fmt: skip
+        return 2
     return result
 
 

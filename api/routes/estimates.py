@@ -20,11 +20,14 @@ router = APIRouter(prefix="/v1", tags=["estimates"], responses=problem_responses
 
 def estimate_response(body: EstimateRequest, settings: Settings) -> EstimateResponse:
     """The estimator's answer for ``body`` (blocking: a model's first estimate builds it on the meta device)."""
+    from trainer_core.memory import TOTAL_FORMULA
+
     result = estimate(body.spec, settings, gpu_memory_gb=body.gpu_memory_gb, devices=body.devices)
     advice = None
     if body.gpu_memory_gb is not None:
         advice = plan(body.spec, body.gpu_memory_gb, devices=body.devices).model_dump(mode="json")
-    return EstimateResponse(estimate=result.model_dump(mode="json"), plan=advice)
+    # total_formula: so a client without torch renders the same table as `trainjobs estimate`.
+    return EstimateResponse(estimate={**result.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}, plan=advice)
 
 
 @router.post("/estimates/memory", response_model=EstimateResponse)

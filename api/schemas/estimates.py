@@ -21,7 +21,9 @@ class EstimateRequest(BaseModel):
 
 
 class EstimateResponse(BaseModel):
-    estimate: dict[str, Any] = Field(description="The estimator's breakdown: parts with formulas, total_bytes, fits.")
+    estimate: dict[str, Any] = Field(
+        description="The estimator's breakdown: parts with formulas, total_bytes (summed as total_formula says), fits."
+    )
     plan: dict[str, Any] | None = Field(description="Configurations that fit the budget, cheapest change first.")
 
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from api.routes import estimates
 from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
-from trainer_core.memory import catalog_ids, estimate_memory, plan_memory
+from trainer_core.memory import TOTAL_FORMULA, catalog_ids, estimate_memory, plan_memory
 from trainer_core.spec import JobSpec
 
 BERT_LARGE = make_spec(name="bert-large", model={"name_or_path": "bert-large-uncased"})
@@ -29,6 +29,7 @@ def test_estimate_matches_the_estimator(client: TestClient, keys: Keys) -> None:
     assert body["estimate"]["total_bytes"] == expected.total_bytes
     assert body["estimate"]["optimizer_state_bytes"] == expected.optimizer_state_bytes
     assert {p["name"] for p in body["estimate"]["parts"]} == {p.name for p in expected.parts}
+    assert body["estimate"]["total_formula"] == TOTAL_FORMULA  # so a client without torch can show it
     assert body["plan"] is None
 
 

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainer_core.memory import TOTAL_FORMULA
+from trainer_core.memory.estimator import human_bytes
+from trainjobs import memory_table
 from trainjobs.cli import main
 from trainjobs.commands.estimate import parse_memory
 
@@ -32,7 +35,14 @@ def test_table_lists_parts_and_plan(tmp_path: Path, capsys: pytest.CaptureFixtur
     for part in ("parameters", "gradients", "optimizer_state", "activations", "overhead", "total per device"):
         assert part in out
     assert "does NOT fit in 8.00 GiB" in out
+    assert TOTAL_FORMULA in next(line for line in out.splitlines() if line.startswith("total per device"))
     assert "settings that fit, fastest first:" in out and "optimizer.name=adamw_8bit" in out
+
+
+def test_the_lean_renderer_writes_sizes_as_the_estimator_does() -> None:
+    # trainjobs.memory_table keeps its own human_bytes (the client cannot import torch): pin the two together.
+    for n in (0, 1, 1023, 1024, 1536, 5 * 1024**2 + 7, 3 * 1024**3, 10**13, -2048):
+        assert memory_table.human_bytes(n) == human_bytes(n), n
 
 
 def test_json_has_the_headline_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,8 @@
 """``trainjobs estimate SPEC``: will this job fit, and what to change if it does not.
 
-The command computes one JSON-able payload (:func:`local_payload`) and renders it
-(:func:`render_payload`), so another source of the same payload (the service's estimate endpoint)
-can reuse the rendering.
+The command computes one JSON-able payload (:func:`local_payload`), or with ``--remote`` asks the
+service for it (:func:`remote_payload`), and renders either with
+:func:`trainjobs.memory_table.render_estimate`. The remote path loads no torch: the lean client has it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import json
 import re
 import sys
 from typing import Any
+
+from trainjobs.commands.remote import client_for, connection_options, readable_errors
+from trainjobs.memory_table import render_estimate
 
 UNITS = {"": 1024**3, "g": 1024**3, "gib": 1024**3, "gb": 1000**3, "m": 1024**2, "mib": 1024**2, "mb": 1000**2}
 
@@ -26,7 +29,7 @@ def parse_memory(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``estimate`` (a ``--remote`` option may be added next to them)."""
+    """The options of ``estimate``, ``--remote`` included (``--url``/``--api-key`` come as a parent parser)."""
     parser.add_argument("spec", metavar="SPEC", help="job spec file (YAML or JSON)")
     parser.add_argument(
         "--gpu-memory",
@@ -43,66 +46,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("estimate", help="estimate per-device GPU memory of a job spec")
+    parser = subparsers.add_parser(
+        "estimate", parents=[connection_options()], help="estimate per-device GPU memory of a job spec"
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def local_payload(spec_path: str, gpu_memory_gb: float | None, devices: int | None) -> dict[str, Any]:
     """The estimate (and the plan when a budget is known) as one JSON-able object."""
-    from trainer_core.memory import estimate_memory, plan_memory
+    from trainer_core.memory import TOTAL_FORMULA, estimate_memory, plan_memory
     from trainer_core.spec import load_spec_file
 
     spec = load_spec_file(spec_path)
     estimate = estimate_memory(spec, devices=devices, gpu_memory_gb=gpu_memory_gb)
-    payload: dict[str, Any] = estimate.model_dump(mode="json")
+    payload: dict[str, Any] = {**estimate.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}
     budget = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
     if budget is not None:
         payload["plan"] = plan_memory(spec, budget, devices=devices).model_dump(mode="json")
     return payload
 
 
-def render_payload(payload: dict[str, Any]) -> str:
-    """A readable table of the parts, the total, and the plan when there is one."""
-    from trainer_core.memory import TOTAL_FORMULA
-    from trainer_core.memory.estimator import human_bytes
+def remote_payload(args: argparse.Namespace) -> dict[str, Any]:
+    """The service's estimate (and plan, with a budget) in the same shape as :func:`local_payload`."""
+    with client_for(args) as client:
+        answer = client.estimate(args.spec, gpu_memory_gb=args.gpu_memory, devices=args.devices)
+    payload = dict(answer["estimate"])
+    if answer.get("plan") is not None:
+        payload["plan"] = answer["plan"]
+    return payload
 
-    lines = [
-        f"model {payload['model']}: {payload['parameters']:,} parameters "
-        f"({payload['trainable_parameters']:,} trainable), {payload['devices']} device(s)",
-        "",
-        f"{'part':<26} {'bytes':>16} {'size':>12}  formula",
-    ]
-    for part in payload["parts"]:
-        lines.append(f"{part['name']:<26} {part['bytes']:>16,} {human_bytes(part['bytes']):>12}  {part['formula']}")
-    total = payload["total_bytes"]
-    lines.append(f"{'total per device':<26} {total:>16,} {human_bytes(total):>12}  {TOTAL_FORMULA}")
-    if payload.get("gpu_memory_bytes") is not None:
-        verdict = "fits" if payload["fits"] else "does NOT fit"
-        lines.append(f"\n{verdict} in {human_bytes(payload['gpu_memory_bytes'])}")
-    plan = payload.get("plan")
-    if plan is not None:
-        if plan["entries"]:
-            lines.append("\nsettings that fit, fastest first:")
-            for i, entry in enumerate(plan["entries"], 1):
-                changes = ", ".join(f"{k}={v}" for k, v in entry["changes"].items()) or "(no change)"
-                lines.append(f"{i:>3}. {changes}\n     {entry['reason']}")
-        else:
-            changes = ", ".join(f"{k}={v}" for k, v in plan["minimum_changes"].items()) or "(no change)"
-            lines.append(
-                f"\nnothing fits; the smallest footprint is {human_bytes(plan['minimum_total_bytes'])} with {changes}"
-            )
-    return "\n".join(lines)
+
+@readable_errors
+def run_remote(args: argparse.Namespace) -> int:
+    """``trainjobs estimate SPEC --remote``: the service's answer, rendered as a local one."""
+    payload = remote_payload(args)
+    print(json.dumps(payload) if args.json else render_estimate(payload))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the estimate; exit 0, or 2 for a spec or model that cannot be estimated."""
+    if args.remote:
+        return run_remote(args)
     from trainer_core.spec import SpecError
 
-    if getattr(args, "remote", False):
-        from trainjobs.commands.remote import cmd_estimate_remote
-
-        return cmd_estimate_remote(args)
     try:
         payload = local_payload(args.spec, args.gpu_memory, args.devices)
     except SpecError as exc:
@@ -112,5 +100,5 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(payload) if args.json else render_payload(payload))
+    print(json.dumps(payload) if args.json else render_estimate(payload))
     return 0

@@ -1,4 +1,5 @@
-"""Commands that talk to a running service: ``submit``, ``jobs ...``, ``datasets ...``.
+"""Commands that talk to a running service: ``submit``, ``jobs ...``, ``datasets ...``
+(``estimate --remote`` lives with ``estimate`` and borrows the helpers here).
 
 They use :class:`trainjobs.client.Client` (``TRAINJOBS_URL`` / ``TRAINJOBS_API_KEY``, or ``--url`` /
 ``--api-key``). API errors are printed as ``field: message`` lines, never as tracebacks.
@@ -134,20 +135,6 @@ def cmd_dataset_list(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         for dataset in client.datasets():
             print(f"{dataset['id']}  {dataset.get('format', ''):<12} {dataset.get('name', '')}")
-    return 0
-
-
-@readable_errors
-def cmd_estimate_remote(args: argparse.Namespace) -> int:
-    """``trainjobs estimate SPEC --remote``: the service's estimate (and plan), rendered as locally."""
-    from trainjobs.commands.estimate import render_payload
-
-    with client_for(args) as client:
-        answer = client.estimate(args.spec, gpu_memory_gb=args.gpu_memory, devices=args.devices)
-    payload = dict(answer["estimate"])
-    if answer.get("plan") is not None:
-        payload["plan"] = answer["plan"]
-    print(json.dumps(payload) if args.json else render_payload(payload))
     return 0
 
 

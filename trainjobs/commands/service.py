@@ -10,10 +10,20 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from service_core.settings import Settings
+if TYPE_CHECKING:
+    from service_core.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def load_settings() -> Settings:
+    """The service's settings, imported on use: `trainjobs --help` lists these commands on the lean
+    install, which lacks pydantic-settings (the [server] extra brings it)."""
+    from service_core.settings import Settings
+
+    return Settings()
 
 
 def tcp_nodelay_listener() -> None:
@@ -49,7 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from service_core.logging import configure_logging
     from trainjobs.serving import reuse_port_supported, supervise
 
-    settings = Settings()
+    settings = load_settings()
     try:
         settings.check_production_ready()
     except RuntimeError as exc:
@@ -92,7 +102,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from worker.main import run_worker
 
     configure_logging()
-    settings = Settings()
+    settings = load_settings()
     queues = args.queue or [settings.default_queue]
     result = run_worker(queues=queues, gpus=parse_gpus(args.gpus), settings=settings)
     return int(result or 0)
@@ -101,14 +111,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from trainjobs.launcher import DevLauncher
 
-    return DevLauncher(Settings(), host=args.host, port=args.port, example=args.example).run()
+    return DevLauncher(load_settings(), host=args.host, port=args.port, example=args.example).run()
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
     from service_core.db.session import session_scope
     from service_core.keys import create_api_key
 
-    settings = Settings()
+    settings = load_settings()
     try:
         with session_scope(settings.database_url) as session:
             key = create_api_key(session, args.owner, args.admin, settings=settings)
