@@ -24,7 +24,7 @@ import httpx
 import yaml
 from pydantic import BaseModel
 
-from service_core.db.models import TERMINAL_STATUSES
+from service_core.status import TERMINAL_STATUSES
 from trainjobs.sse import SseEvent, parse_lines
 
 log = logging.getLogger(__name__)
