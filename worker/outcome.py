@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service_core.status import ErrorReason, JobStatus
+from service_core.status import ErrorReason, JobStatus, reason_or_internal
 from trainer_core.events import Event
 
 STDERR_TAIL_BYTES = 4000
@@ -21,7 +21,6 @@ STDERR_TAIL_BYTES = 4000
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
 # The statuses a run's done event may report (trainer_core's RunStatus), as plain strings.
 RUN_END_STATUSES = frozenset(s.value for s in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled))
-ERROR_REASONS = frozenset(r.value for r in ErrorReason)
 
 
 @dataclass
@@ -52,12 +51,6 @@ def looks_out_of_memory(*texts: str | None) -> bool:
     return any(marker in (t or "").lower() for t in texts for marker in OOM_MARKERS)
 
 
-def run_reason(summary: dict[str, Any]) -> ErrorReason:
-    """The reason a failed run names in its summary, if it is one of ours; anything else is ``internal``."""
-    reason = summary.get("reason")
-    return ErrorReason(reason) if isinstance(reason, str) and reason in ERROR_REASONS else ErrorReason.internal
-
-
 def classify_exit(
     done: Event | None, returncode: int, stopped_by: ErrorReason | None, tail: str, estimate: dict[str, Any] | None
 ) -> RunOutcome:
@@ -76,8 +69,9 @@ def classify_exit(
         if summary.get("reason") == ErrorReason.out_of_memory or looks_out_of_memory(error_text, tail):
             return RunOutcome(JobStatus.failed, ErrorReason.out_of_memory, oom_message(error_text or tail, estimate),
                               returncode, summary, stopped_by)  # fmt: skip
-        return RunOutcome(JobStatus.failed, run_reason(summary), error_text or tail or None, returncode, summary,
-                          stopped_by)  # fmt: skip
+        # The engine's own reason when it is one of ours (invalid_spec, data_error, ...), else internal.
+        reason = reason_or_internal(summary.get("reason"))
+        return RunOutcome(JobStatus.failed, reason, error_text or tail or None, returncode, summary, stopped_by)
     if stopped_by is not None:
         # We asked it to stop and it did not report back (killed after the grace period).
         return RunOutcome(JobStatus.cancelled, stopped_by, f"run stopped (exit {returncode})", returncode,

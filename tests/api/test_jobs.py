@@ -239,3 +239,21 @@ def test_unreachable_broker_fails_the_job_visibly(settings: Settings, keys: Keys
     job = session.execute(select(Job)).scalar_one()
     assert (job.status, job.error_reason) == ("failed", ErrorReason.internal)
     assert job.error_message is not None and job.error_message.startswith("the queue could not take the job:")
+
+
+def test_a_stored_reason_outside_the_vocabulary_is_shown_as_internal(
+    client: TestClient, keys: Keys, session: Session
+) -> None:
+    # e.g. "cancel", which a running job's cancel was stored as before the vocabulary had one name for it
+    job = add_job(session, "alice", JobStatus.cancelled, error_reason="cancel", error_message="cancelled by alice")
+    body = client.get(f"/v1/jobs/{job.id}", headers=keys.auth(keys.alice)).json()
+    assert body["error"] == {"reason": ErrorReason.internal, "message": "cancelled by alice"}
+    assert client.get("/v1/jobs", headers=keys.auth(keys.alice)).status_code == 200
+
+
+def test_openapi_lists_the_status_and_reason_vocabulary(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert schemas["JobOut"]["properties"]["status"] == {"$ref": "#/components/schemas/JobStatus"}
+    assert {"$ref": "#/components/schemas/ErrorReason"} in schemas["JobError"]["properties"]["reason"]["anyOf"]
+    assert schemas["JobStatus"]["enum"] == [s.value for s in JobStatus]
+    assert schemas["ErrorReason"]["enum"] == [r.value for r in ErrorReason]
