@@ -7,13 +7,13 @@ event, exit status and stderr tail); the paths through real runs are in test_sup
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.events import make_event
-from worker.outcome import RunOutcome, classify_exit
+from trainer_core.events import RunStatus, make_event
+from worker.outcome import RUN_END_STATUSES, RunOutcome, classify_exit
 
 
 def done(status: str, **summary: Any) -> Any:
@@ -84,3 +84,10 @@ def test_every_path_gives_a_member_of_the_vocabulary() -> None:
         classify_exit(None, 0, ErrorReason.cancelled, "", None),
     ]
     assert all(type(o.reason) is ErrorReason and type(o.status) is JobStatus for o in outcomes)
+
+
+def test_the_engines_run_statuses_are_the_terminal_job_statuses() -> None:
+    # RunStatus stays trainer_core's own (a Literal, or an enum): its values must be JobStatus values.
+    members = getattr(RunStatus, "__members__", None)
+    run_statuses = {m.value for m in members.values()} if members else set(get_args(RunStatus))
+    assert run_statuses == RUN_END_STATUSES == {s.value for s in JobStatus if s.terminal}
