@@ -52,6 +52,7 @@ from service_core.db import Base
 from service_core.db.session import make_engine
 from service_core.keys import create_api_key
 from service_core.settings import Settings
+from service_core.status import JobStatus
 from worker.processes import stop_processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -394,7 +395,7 @@ def report(loads: list[Load], delays: list[float], status: str, args: argparse.N
         (f"estimates >= {GOAL_ESTIMATE_RATIO:.0%} of bare rate", f"{estimate.rate / bare.rate:.0%}",
          estimate.rate / bare.rate >= GOAL_ESTIMATE_RATIO),
         (f"SSE delay p50 <= {GOAL_SSE_P50_MS:.0f} ms", f"{sse_p50:.1f} ms",
-         sse_p50 <= GOAL_SSE_P50_MS and len(delays) >= 50 and status == "succeeded"),
+         sse_p50 <= GOAL_SSE_P50_MS and len(delays) >= 50 and status == JobStatus.succeeded),
     ]  # fmt: skip
     print(f"\n{'goal':<36}{'measured':>12}  result")
     for goal, measured, met in goals:

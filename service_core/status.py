@@ -56,6 +56,20 @@ class ErrorReason(enum.StrEnum):
     internal = "internal"  # anything else: a bug or an unexpected crash (the log has the traceback)
 
 
+_REASON_VALUES = frozenset(r.value for r in ErrorReason)
+
+
+def reason_or_internal(value: str | None) -> ErrorReason:
+    """``value`` as an :class:`ErrorReason`; anything else is ``internal``.
+
+    For reasons that come from outside this code: a run's own summary, or a row written before the
+    vocabulary (e.g. ``cancel``), which must still be shown rather than fail the answer.
+    """
+    if isinstance(value, str) and value in _REASON_VALUES:  # a run's JSON may hold anything
+        return ErrorReason(value)
+    return ErrorReason.internal
+
+
 # The exit code of every command that waits for a job (`submit --follow`, `jobs logs --follow`,
 # `train`): 0 only for success, so scripts can chain on it.
 EXIT_CODES: dict[JobStatus, int] = {JobStatus.succeeded: 0, JobStatus.failed: 1, JobStatus.cancelled: 3}

@@ -12,11 +12,9 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from service_core.status import exit_code
 from trainjobs.client import TERMINAL, Client
 from trainjobs.sse import SseEvent
-
-# The job's outcome as the process exit status: 0 only for success.
-EXIT_CODES = {"succeeded": 0, "failed": 1, "cancelled": 3}
 
 
 def _short(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -85,7 +83,7 @@ class ProgressView:
 
 
 def follow(client: Client, job_id: str, stream: TextIO | None = None) -> int:
-    """Show the job live until it ends; returns its exit status (see :data:`EXIT_CODES`)."""
+    """Show the job live until it ends; returns its exit status (:data:`service_core.status.EXIT_CODES`)."""
     view = ProgressView(stream)
     try:
         for event in client.events(job_id):
@@ -93,4 +91,4 @@ def follow(client: Client, job_id: str, stream: TextIO | None = None) -> int:
     finally:
         view.close()
     status = view.final["status"] if view.final else client.get(job_id)["status"]
-    return EXIT_CODES.get(str(status), 1)
+    return exit_code(str(status))

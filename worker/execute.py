@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -21,19 +19,17 @@ from sqlalchemy.orm import Session
 
 from service_core.artifacts import ArtifactStore
 from service_core.db.jobstore import transition
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.settings import Settings
+from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint
 from worker.outcome import RunOutcome
-from worker.supervisor import RunPaths, supervise_run
+from worker.paths import RunPaths, run_paths, worker_name
+from worker.recovery import requeue_or_fail
+from worker.supervisor import supervise_run
 
 log = logging.getLogger(__name__)
-
-
-def worker_name() -> str:
-    """How a job records which machine runs it (recovery compares it with its own host)."""
-    return socket.gethostname()
 
 
 def session_factory(settings: Settings) -> Callable[[], Any]:
@@ -43,21 +39,6 @@ def session_factory(settings: Settings) -> Callable[[], Any]:
             yield session
 
     return factory
-
-
-def is_local_root(root: str) -> bool:
-    return "://" not in root or root.startswith("file://")
-
-
-def run_paths(job_id: str, settings: Settings) -> RunPaths:
-    """A local artifacts root is trained into directly; otherwise a working dir is uploaded at the end."""
-    work_dir = (settings.home / "runs" / job_id).resolve()
-    root = settings.artifacts_root
-    if is_local_root(root):
-        output_dir = Path(root.removeprefix("file://")).resolve() / job_id
-    else:
-        output_dir = work_dir / "output"
-    return RunPaths(work_dir=work_dir, output_dir=output_dir, cache_dir=(settings.home / "cache").resolve())
 
 
 def claim_job(session: Session, job_id: str) -> bool:
@@ -105,8 +86,9 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
         )  # fmt: skip
     except Exception as exc:
         log.exception("job %s: supervising the run failed", job_id)
-        outcome = RunOutcome("failed", "worker_error", f"{type(exc).__name__}: {exc}")
-    if outcome.stopped_by == "shutdown":
+        outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
+                             f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
+    if outcome.stopped_by == ErrorReason.shutdown_requeue:
         return requeue_after_shutdown(job_id, settings, paths, outcome)
     store_artifacts(job_id, settings, paths)
     return record_outcome(job_id, settings, outcome)
@@ -116,7 +98,7 @@ def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome) -> str:
     """Write the terminal status; a status some other writer already made terminal is left alone."""
     with session_scope(settings.database_url) as session:
         latest = session.execute(select(Job.latest_metrics).where(Job.id == job_id)).scalar_one_or_none()
-        new = JobStatus(outcome.status)
+        new = outcome.status
         reason = outcome.reason if new != JobStatus.succeeded else None
         moved = transition(
             session, job_id, new, expect=JobStatus.running, reason=reason, message=outcome.message,
@@ -131,10 +113,9 @@ def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome) -> str:
 
 def requeue_after_shutdown(job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome) -> str:
     """The worker is stopping: put the job back to resume from its checkpoint, or fail it if it has none."""
-    from worker.recovery import requeue_or_fail
-
     status = requeue_or_fail(job_id, settings, has_checkpoint=newest_checkpoint(paths.output_dir) is not None,
-                             message="the worker shut down while the job ran")  # fmt: skip
+                             message="the worker shut down while the job ran",
+                             requeue_reason=ErrorReason.shutdown_requeue)  # fmt: skip
     if status != JobStatus.queued.value:
         store_artifacts(job_id, settings, paths)
     return status

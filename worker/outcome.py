@@ -1,7 +1,8 @@
-"""How a run ended, in the words a job records: status, a machine-readable reason and a message.
+"""How a run ended, in the words a job records: status, an :class:`ErrorReason` and a message.
 
 The run's own ``done`` event is believed first; without one, the exit status and the tail of its
 stderr tell: out of memory (with the job's memory estimate beside it), killed by a signal, or a crash.
+Every reason is an ``ErrorReason`` member: a reason the run names that is not one becomes ``internal``.
 """
 
 from __future__ import annotations
@@ -12,23 +13,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service_core.status import ErrorReason, JobStatus, reason_or_internal
 from trainer_core.events import Event
 
 STDERR_TAIL_BYTES = 4000
 # CUDA (torch.OutOfMemoryError), the CPU allocator and Python itself say it differently.
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
+# The statuses a run's done event may report (trainer_core's RunStatus), as plain strings.
+RUN_END_STATUSES = frozenset(s.value for s in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled))
 
 
 @dataclass
 class RunOutcome:
     """How a run ended, as the job should record it."""
 
-    status: str  # succeeded | failed | cancelled
-    reason: str | None = None
+    status: JobStatus  # succeeded | failed | cancelled
+    reason: ErrorReason | None = None
     message: str | None = None
     exit_code: int | None = None
     summary: dict[str, Any] = field(default_factory=dict)
-    stopped_by: str | None = None  # "cancel" | "shutdown" when we asked the run to stop
+    # Why we asked the run to stop, when we did: cancelled (a user) or shutdown_requeue (the worker).
+    stopped_by: ErrorReason | None = None
 
 
 def stderr_tail(log_file: Path, start: int) -> str:
@@ -47,36 +52,41 @@ def looks_out_of_memory(*texts: str | None) -> bool:
 
 
 def classify_exit(
-    done: Event | None, returncode: int, stopped_by: str | None, tail: str, estimate: dict[str, Any] | None
+    done: Event | None, returncode: int, stopped_by: ErrorReason | None, tail: str, estimate: dict[str, Any] | None
 ) -> RunOutcome:
     """Name the real reason a run ended: its done event, an out-of-memory, a signal or a crash."""
     summary = dict((done or {}).get("summary") or {})
     error = summary.get("error") or summary.get("message")
     error_text = str(error) if error else None
-    if done is not None and done.get("status") in ("succeeded", "failed", "cancelled"):
-        status = str(done["status"])
-        if status == "succeeded":
+    if done is not None and done.get("status") in RUN_END_STATUSES:
+        status = JobStatus(done["status"])
+        if status == JobStatus.succeeded:
             return RunOutcome(status, exit_code=returncode, summary=summary, stopped_by=stopped_by)
-        if status == "cancelled":
-            return RunOutcome(status, reason=stopped_by or "stopped", exit_code=returncode, summary=summary,
-                              stopped_by=stopped_by)  # fmt: skip
-        if summary.get("reason") == "out_of_memory" or looks_out_of_memory(error_text, tail):
-            return RunOutcome("failed", "out_of_memory", oom_message(error_text or tail, estimate), returncode,
-                              summary, stopped_by)  # fmt: skip
-        reason = summary.get("reason") if isinstance(summary.get("reason"), str) else "training_error"
-        return RunOutcome("failed", reason, error_text or tail or None, returncode, summary, stopped_by)
+        if status == JobStatus.cancelled:
+            # A run stops itself only when asked (stop file or SIGTERM): without our ask, someone cancelled it.
+            return RunOutcome(status, reason=stopped_by or ErrorReason.cancelled, exit_code=returncode,
+                              summary=summary, stopped_by=stopped_by)  # fmt: skip
+        if summary.get("reason") == ErrorReason.out_of_memory or looks_out_of_memory(error_text, tail):
+            return RunOutcome(JobStatus.failed, ErrorReason.out_of_memory, oom_message(error_text or tail, estimate),
+                              returncode, summary, stopped_by)  # fmt: skip
+        # The engine's own reason when it is one of ours (invalid_spec, data_error, ...), else internal.
+        reason = reason_or_internal(summary.get("reason"))
+        return RunOutcome(JobStatus.failed, reason, error_text or tail or None, returncode, summary, stopped_by)
     if stopped_by is not None:
         # We asked it to stop and it did not report back (killed after the grace period).
-        return RunOutcome("cancelled", stopped_by, f"run stopped (exit {returncode})", returncode,
+        return RunOutcome(JobStatus.cancelled, stopped_by, f"run stopped (exit {returncode})", returncode,
                           summary, stopped_by)  # fmt: skip
     if looks_out_of_memory(tail):
-        return RunOutcome("failed", "out_of_memory", oom_message(tail, estimate), returncode, summary)
+        return RunOutcome(JobStatus.failed, ErrorReason.out_of_memory, oom_message(tail, estimate), returncode,
+                          summary)  # fmt: skip
     if returncode < 0:
         name = signal.Signals(-returncode).name
         hint = " (the host may have run out of memory)" if -returncode == signal.SIGKILL else ""
-        return RunOutcome("failed", "killed", f"run killed by {name}{hint}\n{tail}".strip(), returncode, summary)
-    return RunOutcome("failed", "crashed", f"run exited with code {returncode} and no done event\n{tail}".strip(),
-                      returncode, summary)  # fmt: skip
+        return RunOutcome(JobStatus.failed, ErrorReason.worker_lost, f"run killed by {name}{hint}\n{tail}".strip(),
+                          returncode, summary)  # fmt: skip
+    return RunOutcome(JobStatus.failed, ErrorReason.internal,
+                      f"run exited with code {returncode} and no done event\n{tail}".strip(), returncode,
+                      summary)  # fmt: skip
 
 
 def oom_message(detail: str, estimate: dict[str, Any] | None) -> str:

@@ -20,10 +20,12 @@ from sqlalchemy import select
 
 from service_core.db.base import utcnow
 from service_core.db.jobstore import transition
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.settings import Settings
+from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import newest_checkpoint
+from worker.paths import run_paths, worker_name
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +69,25 @@ def is_orphaned(job: Job, host: str, stale_after_s: float) -> bool:
     return stale
 
 
-def requeue_or_fail(job_id: str, settings: Settings, *, has_checkpoint: bool, message: str) -> str:
-    """``running -> queued`` (and enqueue) with a checkpoint, else ``running -> failed/worker_lost``."""
+def requeue_or_fail(
+    job_id: str, settings: Settings, *, has_checkpoint: bool, message: str, requeue_reason: ErrorReason | None = None
+) -> str:
+    """``running -> queued`` (and enqueue) with a checkpoint, else ``running -> failed/worker_lost``.
+
+    ``requeue_reason`` (with ``message``) goes on the requeue's status event, when the cause is known.
+    """
     from service_core.queue import enqueue_job
 
     with session_scope(settings.database_url) as session:
         job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
         queue, priority = job.queue, job.priority
         if has_checkpoint and not job.cancel_requested:
-            moved = transition(session, job_id, JobStatus.queued, expect=JobStatus.running, worker=None, pid=None)
+            moved = transition(session, job_id, JobStatus.queued, expect=JobStatus.running, worker=None, pid=None,
+                               reason=requeue_reason, message=message if requeue_reason else None)  # fmt: skip
             new = JobStatus.queued
         else:
-            moved = transition(session, job_id, JobStatus.failed, expect=JobStatus.running, reason="worker_lost",
-                               message=message, pid=None)  # fmt: skip
+            moved = transition(session, job_id, JobStatus.failed, expect=JobStatus.running,
+                               reason=ErrorReason.worker_lost, message=message, pid=None)  # fmt: skip
             new = JobStatus.failed
     if moved and new == JobStatus.queued:
         enqueue_job(job_id, queue, priority, settings)
@@ -93,8 +101,6 @@ def recover_orphaned_jobs(
     settings: Settings, *, host: str | None = None, stale_after_s: float = STALE_AFTER_S
 ) -> dict[str, str]:
     """Requeue or fail every orphaned running job; returns ``{job_id: new status}``."""
-    from worker.execute import run_paths, worker_name
-
     host = host or worker_name()
     with session_scope(settings.database_url) as session:
         running = session.execute(select(Job).where(Job.status == JobStatus.running.value)).scalars().all()

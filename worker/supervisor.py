@@ -23,47 +23,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import select, update
 
 from service_core.db.base import utcnow
 from service_core.db.models import Job
+from service_core.status import ErrorReason
 from trainer_core.events import Event, parse_event_line
 from worker.ingest import EventIngestor, SessionFactory
 from worker.outcome import RunOutcome, classify_exit, stderr_tail
+from worker.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.5
 HEARTBEAT_S = 5.0
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """Where one job's run reads and writes on this worker."""
-
-    work_dir: Path  # settings.home/runs/<job_id>: spec, pid file, stop file, log
-    output_dir: Path  # what the trainer writes (the artifacts folder itself when that is local)
-    cache_dir: Path  # preprocessing cache, shared by all jobs on this worker
-
-    @property
-    def spec_file(self) -> Path:
-        return self.work_dir / "spec.json"
-
-    @property
-    def log_file(self) -> Path:
-        return self.work_dir / "worker.log"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.work_dir / "run.pid"
-
-    @property
-    def stop_file(self) -> Path:
-        return self.work_dir / "STOP"
 
 
 def train_command(paths: RunPaths, *, resume: bool) -> list[str]:
@@ -124,7 +99,7 @@ class RunWatch:
         self.ingestor = EventIngestor(job_id, session_factory)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.done: Event | None = None
-        self.stopped_by: str | None = None
+        self.stopped_by: ErrorReason | None = None
         self.kill_at: float | None = None
         self.log_start = 0
         self.chatter: deque[str] = deque(maxlen=2000)  # stray stdout lines, kept for the log
@@ -223,11 +198,12 @@ def _signal(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
         proc.send_signal(sig)
 
 
-def _stop_reason(session_factory: SessionFactory, job_id: str, should_stop: Callable[[], bool]) -> str | None:
+def _stop_reason(session_factory: SessionFactory, job_id: str, should_stop: Callable[[], bool]) -> ErrorReason | None:
+    """Why we are stopping the run, if we are: a user's cancel, or the worker shutting down."""
     with session_factory() as session:
         cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
     if cancel:
-        return "cancel"
+        return ErrorReason.cancelled
     if should_stop():
-        return "shutdown"
+        return ErrorReason.shutdown_requeue
     return None

@@ -24,13 +24,15 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import OwnedJob, get_sessionmaker_for
 from api.problems import Problem
 from api.schemas.common import as_utc, problem_responses
-from service_core.db.models import Job, JobEvent, JobStatus
+from service_core.db.models import Job, JobEvent
+from service_core.status import TERMINAL_STATUSES, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"], responses=problem_responses(401, 404, 422))
 
 POLL_INTERVAL_S = 0.1
 HEARTBEAT_S = 15.0
 BATCH = 500
+TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 
 
 def format_event(row: JobEvent) -> str:
@@ -39,7 +41,7 @@ def format_event(row: JobEvent) -> str:
 
 
 def is_terminal_status(row: JobEvent) -> bool:
-    return row.kind == "status" and row.data.get("status") in {s.value for s in JobStatus if s.terminal}
+    return row.kind == "status" and row.data.get("status") in TERMINAL
 
 
 def fetch_after(maker: sessionmaker[Session], job_id: str, after: int) -> tuple[list[JobEvent], bool]:

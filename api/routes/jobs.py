@@ -30,9 +30,10 @@ from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
 from service_core.db.jobstore import insert_job, transition
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
 from service_core.keys import Caller
 from service_core.settings import Settings
+from service_core.status import ErrorReason, JobStatus
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
@@ -99,8 +100,9 @@ def create_job(
         logger.exception("enqueue of job %s failed", job.id)
         with sessions() as session:
             transition(
-                session, job.id, JobStatus.failed, reason="enqueue_failed", message=str(exc), expect=JobStatus.queued
-            )
+                session, job.id, JobStatus.failed, reason=ErrorReason.internal,
+                message=f"the queue could not take the job: {exc}", expect=JobStatus.queued,
+            )  # fmt: skip
             session.commit()
         raise Problem(503, "the queue is unreachable; the job was not started, submit it again later") from exc
     return JobOut.from_job(job)
@@ -170,7 +172,7 @@ def cancel_job(job: OwnedJob, session: SessionDep, caller: CallerDep) -> JobOut:
     """Cancel: a queued job at once; a running one is stopped by its worker at its next step."""
     message = f"cancelled by {caller.owner}"
     if JobStatus(job.status) == JobStatus.queued and transition(
-        session, job.id, JobStatus.cancelled, reason="cancelled", message=message, expect=JobStatus.queued
+        session, job.id, JobStatus.cancelled, reason=ErrorReason.cancelled, message=message, expect=JobStatus.queued
     ):
         session.commit()
     else:

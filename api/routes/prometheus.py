@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import get_sessionmaker_for
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
+from service_core.status import JobStatus
 
 router = APIRouter(tags=["observability"])
 

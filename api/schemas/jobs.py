@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.common import UtcDatetime
 from api.schemas.examples import EXAMPLE_JOB_CREATE, EXAMPLE_UPLOADED_DATASET_JOB
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
+from service_core.status import ErrorReason, JobStatus, reason_or_internal
 from trainer_core.spec import JobSpec
 
 # The worker's scale (service_core.queue.MIN_PRIORITY..MAX_PRIORITY; a test pins them equal).
@@ -54,7 +55,7 @@ class Progress(BaseModel):
 
 
 class JobError(BaseModel):
-    reason: str | None = Field(description="Machine-readable: out_of_memory, cancelled, exit_code, ...")
+    reason: ErrorReason | None = Field(description="Why the job ended: see Failure reasons in the README.")
     message: str | None
 
 
@@ -102,7 +103,8 @@ class JobOut(BaseModel):
             estimated = {k: job.estimate[k] for k in MEMORY_SIDE_BY_SIDE if k in job.estimate}
         error = None
         if job.error_reason is not None or job.error_message is not None:
-            error = JobError(reason=job.error_reason, message=job.error_message)
+            reason = reason_or_internal(job.error_reason) if job.error_reason is not None else None
+            error = JobError(reason=reason, message=job.error_message)
         return cls(
             id=job.id,
             name=job.name,

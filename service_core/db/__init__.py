@@ -1,29 +1,20 @@
-"""Persistence: typed SQLAlchemy models and sessions (Alembic migrations live in migrations/)."""
+"""Persistence: typed SQLAlchemy models and sessions (Alembic migrations live in migrations/).
+
+The status vocabulary the models use lives in :mod:`service_core.status`; import it from there.
+"""
 
 from service_core.db.base import Base
-from service_core.db.models import (
-    TERMINAL_STATUSES,
-    ApiKey,
-    Dataset,
-    Job,
-    JobEvent,
-    JobStatus,
-    MetricPoint,
-    can_transition,
-)
+from service_core.db.models import ApiKey, Dataset, Job, JobEvent, MetricPoint
 from service_core.db.session import allocate_seqs, get_engine, get_sessionmaker, session_scope
 
 __all__ = [
-    "TERMINAL_STATUSES",
     "ApiKey",
     "Base",
     "Dataset",
     "Job",
     "JobEvent",
-    "JobStatus",
     "MetricPoint",
     "allocate_seqs",
-    "can_transition",
     "get_engine",
     "get_sessionmaker",
     "session_scope",

@@ -14,8 +14,9 @@ from sqlalchemy import Connection, Table, insert, select, update
 from sqlalchemy.orm import Session
 
 from service_core.db.base import utcnow
-from service_core.db.models import Job, JobEvent, JobStatus, can_transition
+from service_core.db.models import Job, JobEvent
 from service_core.db.session import allocate_seqs
+from service_core.status import ErrorReason, JobStatus, can_transition
 
 
 def insert_job(conn: Connection, **values: Any) -> Job:
@@ -61,7 +62,7 @@ def transition(
     job_id: str,
     new: JobStatus,
     *,
-    reason: str | None = None,
+    reason: ErrorReason | None = None,
     message: str | None = None,
     expect: JobStatus | None = None,
     **fields: Any,
@@ -69,7 +70,8 @@ def transition(
     """Move a job to ``new`` if allowed (and if it is still ``expect``, when given).
 
     A compare-and-set UPDATE, so two processes racing to move the same job cannot both win: the
-    loser sees ``False`` and must leave the job alone. Writes a ``status`` event on success.
+    loser sees ``False`` and must leave the job alone. Writes a ``status`` event on success. ``reason``
+    and ``message`` are stored on the job when ``new`` is terminal, and go on the event either way.
     """
     current = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
     if current is None:
@@ -86,7 +88,7 @@ def transition(
     if new.terminal:
         values["finished_at"] = now
         if reason is not None:
-            values["error_reason"] = reason
+            values["error_reason"] = reason.value
         if message is not None:
             values["error_message"] = message
     result = session.execute(update(Job).where(Job.id == job_id, Job.status == current_status.value).values(**values))
@@ -94,7 +96,7 @@ def transition(
         return False
     data: dict[str, Any] = {"status": new.value, "previous": current_status.value}
     if reason is not None:
-        data["reason"] = reason
+        data["reason"] = reason.value
     if message is not None:
         data["message"] = message
     add_events(session, job_id, [("status", data, now)])

@@ -22,9 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service_core.db.base import Base, new_id, utcnow
-from service_core.status import ALLOWED_TRANSITIONS, TERMINAL_STATUSES, JobStatus, can_transition
-
-__all__ = ["ALLOWED_TRANSITIONS", "TERMINAL_STATUSES", "JobStatus", "can_transition"]
+from service_core.status import JobStatus
 
 
 class ApiKey(Base):

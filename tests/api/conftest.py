@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session
 
 from api.main import create_app
 from service_core.db.base import Base
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
 from service_core.keys import create_api_key
 from service_core.settings import Settings
+from service_core.status import JobStatus
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]

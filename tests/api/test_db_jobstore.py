@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service_core.db import Base, Job, JobEvent, JobStatus
+from service_core.db import Base, Job, JobEvent
 from service_core.db.jobstore import add_events, transition
 from service_core.db.session import make_engine
+from service_core.status import JobStatus
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

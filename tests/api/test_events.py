@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from service_core.db.jobstore import add_events, transition
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
+from service_core.status import ErrorReason, JobStatus
 from tests.api.conftest import Keys, add_job
 
 
@@ -67,7 +68,7 @@ def test_replay_sends_every_event_in_order_and_ends(client: TestClient, keys: Ke
 
 def test_wire_format(client: TestClient, keys: Keys, session: Session) -> None:
     job = add_job(session, "alice")
-    transition(session, job.id, JobStatus.cancelled, reason="cancelled")
+    transition(session, job.id, JobStatus.cancelled, reason=ErrorReason.cancelled)
     session.commit()
     body = client.get(f"/v1/jobs/{job.id}/events", headers=keys.auth(keys.alice)).text
     head, data = body.split("data: ")

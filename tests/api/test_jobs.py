@@ -10,8 +10,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.schemas.jobs import MAX_PRIORITY, MIN_PRIORITY
-from service_core.db.models import Job, JobEvent, JobStatus
+from service_core.db.models import Job, JobEvent
 from service_core.settings import Settings
+from service_core.status import ErrorReason, JobStatus
 from tests.api.conftest import Keys, add_job, make_spec
 
 
@@ -194,8 +195,11 @@ def test_cancel_queued_job_at_once(client: TestClient, keys: Keys, session: Sess
     assert response.status_code == 202
     assert response.json()["status"] == "cancelled"
     assert response.json()["finished_at"] is not None
+    # The same reason as a running job's cancel (tests/worker/test_supervisor.py, test_service_e2e.py).
+    assert response.json()["error"]["reason"] == ErrorReason.cancelled
     event = session.execute(select(JobEvent).where(JobEvent.job_id == job.id)).scalar_one()
     assert (event.kind, event.data["status"], event.data["previous"]) == ("status", "cancelled", "queued")
+    assert event.data["reason"] == ErrorReason.cancelled
 
 
 def test_cancel_running_job_asks_the_worker(client: TestClient, keys: Keys, session: Session) -> None:
@@ -233,4 +237,23 @@ def test_unreachable_broker_fails_the_job_visibly(settings: Settings, keys: Keys
     assert response.status_code == 503
     assert response.headers["content-type"] == "application/problem+json"
     job = session.execute(select(Job)).scalar_one()
-    assert (job.status, job.error_reason) == ("failed", "enqueue_failed")
+    assert (job.status, job.error_reason) == ("failed", ErrorReason.internal)
+    assert job.error_message is not None and job.error_message.startswith("the queue could not take the job:")
+
+
+def test_a_stored_reason_outside_the_vocabulary_is_shown_as_internal(
+    client: TestClient, keys: Keys, session: Session
+) -> None:
+    # e.g. "cancel", which a running job's cancel was stored as before the vocabulary had one name for it
+    job = add_job(session, "alice", JobStatus.cancelled, error_reason="cancel", error_message="cancelled by alice")
+    body = client.get(f"/v1/jobs/{job.id}", headers=keys.auth(keys.alice)).json()
+    assert body["error"] == {"reason": ErrorReason.internal, "message": "cancelled by alice"}
+    assert client.get("/v1/jobs", headers=keys.auth(keys.alice)).status_code == 200
+
+
+def test_openapi_lists_the_status_and_reason_vocabulary(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert schemas["JobOut"]["properties"]["status"] == {"$ref": "#/components/schemas/JobStatus"}
+    assert {"$ref": "#/components/schemas/ErrorReason"} in schemas["JobError"]["properties"]["reason"]["anyOf"]
+    assert schemas["JobStatus"]["enum"] == [s.value for s in JobStatus]
+    assert schemas["ErrorReason"]["enum"] == [r.value for r in ErrorReason]

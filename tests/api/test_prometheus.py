@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from service_core.db.base import utcnow
 from service_core.db.jobstore import transition
-from service_core.db.models import JobStatus
+from service_core.status import JobStatus
 from tests.api.conftest import Keys, add_job
 
 

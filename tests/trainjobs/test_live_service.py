@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service_core.status import ErrorReason, exit_code
 from tests.trainer_core.datagen import write_image_folder, write_sentiment_csv
 from tests.trainjobs.conftest import job_spec, write_json
 from tests.trainjobs.live import LiveService
@@ -120,8 +121,9 @@ def test_cancel_a_running_job_and_a_finished_one(service: LiveService, sentiment
     assert result.returncode == 0, result.stderr
     statuses = [e.data["status"] for e in client.events(job_id, last_event_id=last.id) if e.event == "status"]
     assert statuses[-1] == "cancelled"
-    # Following a cancelled job ends at once, with the cancelled exit status.
-    assert service.cli("jobs", "logs", job_id, "--follow").returncode == 3
+    assert client.get(job_id)["error"]["reason"] == ErrorReason.cancelled
+    # Following a cancelled job ends at once, with the cancelled exit status (as `train` does).
+    assert service.cli("jobs", "logs", job_id, "--follow").returncode == exit_code("cancelled") == 3
     again = service.cli("jobs", "cancel", job_id)
     assert again.returncode == 2
     assert "Conflict (409)" in again.stderr and "Traceback" not in again.stderr

@@ -1,4 +1,4 @@
-"""The README documents every setting (with its default) and every CLI command."""
+"""The README documents every setting (with its default), every CLI command and every failure reason."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from service_core.settings import Settings
+from service_core.status import ErrorReason
 from tests.trainjobs.live import REPO
 from trainjobs.cli import COMMANDS
 
@@ -33,3 +34,15 @@ def test_every_command_is_in_the_cli_reference() -> None:
     readme = (REPO / "README.md").read_text()
     for command in COMMANDS:
         assert f"| `trainjobs {command}" in readme, command
+
+
+def failure_reasons_table() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Failure reasons", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
+
+
+def test_the_readme_documents_every_failure_reason_once() -> None:
+    rows = failure_reasons_table()
+    assert len(rows) == len(set(rows)), "a reason is listed twice"
+    assert set(rows) == {reason.value for reason in ErrorReason}

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from service_core.db import JobEvent, JobStatus
+from service_core.db import JobEvent
 from service_core.db.jobstore import transition
 from service_core.db.session import session_scope
 from service_core.settings import Settings
-from worker.execute import claim_job, execute_job, record_outcome, run_paths
+from service_core.status import ErrorReason, JobStatus
+from worker.execute import claim_job, execute_job, record_outcome
 from worker.outcome import RunOutcome
+from worker.paths import run_paths
 
 from .conftest import JobFactory, load_job
 
@@ -54,10 +56,10 @@ def test_an_outcome_never_overwrites_a_terminal_status(db_settings: Settings, ma
     with session_scope(db_settings.database_url) as s:
         assert claim_job(s, job_id)
     with session_scope(db_settings.database_url) as s:  # e.g. an admin failed it meanwhile
-        assert transition(s, job_id, JobStatus.failed, reason="admin", expect=JobStatus.running)
-    assert record_outcome(job_id, db_settings, RunOutcome("succeeded")) == "failed"
+        assert transition(s, job_id, JobStatus.failed, reason=ErrorReason.internal, expect=JobStatus.running)
+    assert record_outcome(job_id, db_settings, RunOutcome(JobStatus.succeeded)) == "failed"
     job = load_job(db_settings, job_id)
-    assert (job.status, job.error_reason) == ("failed", "admin")
+    assert (job.status, job.error_reason) == ("failed", "internal")
 
 
 def test_unknown_job_id_is_ignored(db_settings: Settings) -> None:

@@ -17,7 +17,7 @@ from service_core.db.session import session_scope
 from service_core.settings import Settings
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, write_meta
 from trainer_core.spec import parse_spec
-from worker.execute import run_paths, worker_name
+from worker.paths import run_paths, worker_name
 from worker.recovery import recover_orphaned_jobs
 
 from .conftest import JobFactory, load_job, quick_spec

@@ -17,8 +17,12 @@ from typing import Any
 
 import pytest
 import redis
+from sqlalchemy import select
 
+from service_core.db import JobEvent
+from service_core.db.session import session_scope
 from service_core.settings import Settings
+from service_core.status import ErrorReason
 from tests.trainer_core.datagen import write_sentiment_csv
 
 from .conftest import create_pg_database, drop_pg_database, group_members, make_settings, quick_spec
@@ -177,7 +181,8 @@ def test_cancel_queued_running_and_finished_jobs(redis_service: LiveService) -> 
         running_id, queued_id = running.json()["id"], queued.json()["id"]
 
         assert client.post(f"/v1/jobs/{queued_id}/cancel").status_code == 202
-        assert client.get(f"/v1/jobs/{queued_id}").json()["status"] == "cancelled"
+        cancelled_queued = client.get(f"/v1/jobs/{queued_id}").json()
+        assert cancelled_queued["status"] == "cancelled"
 
         wait_status(client, running_id, {"running"}, timeout=60)
         deadline = time.monotonic() + 60
@@ -188,9 +193,18 @@ def test_cancel_queued_running_and_finished_jobs(redis_service: LiveService) -> 
         assert client.post(f"/v1/jobs/{running_id}/cancel").status_code == 202
         job = wait_status(client, running_id, {"cancelled", "failed", "succeeded"}, timeout=60)
         assert job["status"] == "cancelled"
+        # One name for one end state, however far the job had got.
+        assert job["error"]["reason"] == cancelled_queued["error"]["reason"] == ErrorReason.cancelled
         assert group_members(pgid) == []  # the training process group is gone
         assert client.post(f"/v1/jobs/{running_id}/cancel").status_code == 409
     redis_cleanup(f"{service.queue}-idle")
+
+
+def requeue_event(settings: Settings, job_id: str) -> dict[str, Any]:
+    """The data of the job's status event that put it back on the queue."""
+    with session_scope(settings.database_url) as s:
+        rows = s.execute(select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")).scalars()
+        return next(data for data in rows if data["status"] == "queued")
 
 
 def test_worker_shutdown_requeues_and_a_new_worker_resumes(tmp_path: Path) -> None:
@@ -208,6 +222,7 @@ def test_worker_shutdown_requeues_and_a_new_worker_resumes(tmp_path: Path) -> No
         assert service.worker.returncode == 0
         job = client.get(f"/v1/jobs/{job_id}").json()
         assert (job["status"], job["attempts"]) == ("queued", 1)
+        assert requeue_event(service.settings, job_id)["reason"] == ErrorReason.shutdown_requeue
         assert processes_mentioning(str(service.settings.home / "runs")) == []
         stopped_at, total = job["progress"]["step"], job["progress"]["total"]
         assert total == 400  # 50 epochs x 8 optimizer steps

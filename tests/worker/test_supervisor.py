@@ -14,10 +14,12 @@ from service_core.artifacts import ArtifactStore
 from service_core.db import Job, JobEvent, MetricPoint
 from service_core.db.session import session_scope
 from service_core.settings import Settings
+from service_core.status import ErrorReason
 from trainer_core.checkpoint import newest_checkpoint
 from trainer_core.events import make_event
-from worker.execute import execute_job, run_paths
+from worker.execute import execute_job
 from worker.outcome import classify_exit
+from worker.paths import run_paths
 
 from .conftest import JobFactory, group_members, load_job, quick_spec
 
@@ -82,7 +84,8 @@ def test_cancel_stops_the_run_and_its_whole_process_group(
     assert not thread.is_alive()
     assert result["status"] == "cancelled"
     job = load_job(sqlite_settings, job_id)
-    assert (job.status, job.error_reason) == ("cancelled", "cancel")
+    # The same reason as a job cancelled while queued (tests/api/test_jobs.py).
+    assert (job.status, job.error_reason) == ("cancelled", ErrorReason.cancelled)
     assert job.progress_total is not None and job.progress_step < job.progress_total  # stopped early
     assert group_members(pgid) == []
     assert newest_checkpoint(paths.output_dir) is not None  # SIGTERM made it checkpoint first
@@ -118,12 +121,12 @@ def test_missing_data_file_fails_with_the_runs_reason(
     assert "worker.log" in files
 
 
-def test_a_run_without_done_event_is_recorded_as_crashed(sqlite_settings: Settings, make_job: JobFactory) -> None:
+def test_a_run_without_done_event_is_an_internal_failure(sqlite_settings: Settings, make_job: JobFactory) -> None:
     # The CLI refuses this spec before training (exit 2, no done event): what a crash looks like.
     job_id = make_job(sqlite_settings, {"name": "broken", "task": "text-classification", "bogus_field": 1})
     assert execute_job(job_id, sqlite_settings) == "failed"
     job = load_job(sqlite_settings, job_id)
-    assert job.error_reason == "crashed"
+    assert job.error_reason == ErrorReason.internal
     assert job.error_message is not None and "exited with code 2" in job.error_message
     assert "bogus_field" in job.error_message  # the tail of stderr
 

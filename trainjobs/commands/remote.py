@@ -15,10 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from service_core.status import EXIT_REFUSED
 from trainjobs.client import ApiError, Client, TrainjobsError
-
-# Exit status for a request the service refused or could not be reached (job outcomes: see follow.py).
-EXIT_ERROR = 2
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -38,7 +36,11 @@ def client_for(args: argparse.Namespace) -> Client:
 
 
 def report_error(exc: BaseException) -> int:
-    """Print an error for a person (title, then one ``field: message`` line per field)."""
+    """Print an error for a person (title, then one ``field: message`` line per field).
+
+    The exit status is :data:`~service_core.status.EXIT_REFUSED` whether the service refused the request
+    or could not be reached: either way nothing ran (job outcomes: :data:`~service_core.status.EXIT_CODES`).
+    """
     if isinstance(exc, ApiError):
         print(f"error: {exc.title} ({exc.status})", file=sys.stderr)
         if exc.detail and not exc.errors:
@@ -49,7 +51,7 @@ def report_error(exc: BaseException) -> int:
         print(f"error: no such file: {exc.filename}", file=sys.stderr)
     else:
         print(f"error: {exc}", file=sys.stderr)
-    return EXIT_ERROR
+    return EXIT_REFUSED
 
 
 def readable_errors(func: Handler) -> Handler:

@@ -1,8 +1,9 @@
 """``trainjobs train SPEC --output-dir DIR``: run a job on this machine, no service needed.
 
 By default a progress bar with the live loss; ``--jsonl`` prints the run's events instead, one JSON
-object per line on stdout (what the worker parses). Exit status 0 only when the run succeeded,
-2 for a spec that cannot run (each problem printed as ``field: message``), 1 otherwise.
+object per line on stdout (what the worker parses). Exit status as for every command that waits for a
+job (``service_core.status``): 0 only when the run succeeded, 1 failed, 3 cancelled, 2 for a spec that
+cannot run (each problem printed as ``field: message``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from service_core.status import EXIT_REFUSED, exit_code
 from trainer_core.events import Event, EventSink, stream_sink
 from trainer_core.spec import SpecError, load_spec_file
 
@@ -55,7 +57,7 @@ class ProgressBar:
 def _print_spec_error(exc: SpecError) -> int:
     for error in exc.errors:
         print(f"{error.field}: {error.message}", file=sys.stderr)
-    return 2
+    return EXIT_REFUSED
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -68,7 +70,7 @@ def run_train(args: argparse.Namespace) -> int:
         return _print_spec_error(exc)
     except OSError as exc:
         print(f"spec: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     bar = None if args.jsonl else ProgressBar()
     sink: EventSink = stream_sink(sys.stdout) if bar is None else bar
     try:
@@ -79,7 +81,7 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    return 0 if status == "succeeded" else 1
+    return exit_code(status)
 
 
 def register(subparsers: Any) -> None:
