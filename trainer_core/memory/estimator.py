@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from trainer_core.memory.activations import estimate_activations
 from trainer_core.memory.optimizer_state import optimizer_memory
 from trainer_core.memory.parameters import ModelStructure, model_structure
+from trainer_core.optimizers import optimizer_state_key
 from trainer_core.spec import FieldError, JobSpec, SpecError
 
 GIB = 1024**3
@@ -105,11 +106,8 @@ def estimate_memory(
     frozen_bytes = (structure.parameters - structure.trainable_parameters) * FP32
     grad_bytes = param_bytes  # gradients have the parameters' (fp32 master) dtype
     optimizer = spec.optimizer
-    # optimizer_memory reads the optimizer's name, amsgrad and whether beta1 is set: the memo key.
-    opt = structure.memoized(
-        ("optimizer", optimizer.name, optimizer.amsgrad, optimizer.adafactor_beta1 is not None),
-        lambda: optimizer_memory(structure.tensors, optimizer),
-    )
+    # The table names the fields each state rule reads: they and the structure are the memo key.
+    opt = structure.memoized(optimizer_state_key(optimizer), lambda: optimizer_memory(structure.tensors, optimizer))
     act = estimate_activations(structure, spec)
     casts = autocast_copy_bytes(structure, spec)
     # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does

@@ -10,8 +10,9 @@ from trainer_core.memory import estimate_memory
 from trainer_core.memory.optimizer_state import optimizer_memory
 from trainer_core.memory.parameters import model_structure
 from trainer_core.modeling import MODEL_CLASSES, config_from_dict
-from trainer_core.optimizers import build_optimizer, optimizer_state_bytes
+from trainer_core.optimizers import build_optimizer
 from trainer_core.spec import JobSpec
+from trainer_core.torch_optim import optimizer_state_bytes
 
 
 def measured_state_bytes(kind: str, spec: JobSpec, precision: str) -> int:
