@@ -22,7 +22,6 @@ from datasets import Dataset
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainer_core.backends import BackendResult, RunContext
 from trainer_core.backends.common import (
     LENGTH_COLUMN,
     RunEvents,
@@ -36,6 +35,7 @@ from trainer_core.backends.common import (
     save_processor,
     train_summary,
 )
+from trainer_core.backends.context import BackendResult, RunContext
 from trainer_core.backends.sampling import EpochSampler, eval_order
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, rotate_checkpoints, write_meta
 from trainer_core.optimizers import build_optimizer

@@ -23,7 +23,6 @@ from transformers import (
     TrainingArguments,
 )
 
-from trainer_core.backends import BackendResult, RunContext
 from trainer_core.backends.common import (
     LENGTH_COLUMN,
     RunEvents,
@@ -36,6 +35,7 @@ from trainer_core.backends.common import (
     train_summary,
     world_size,
 )
+from trainer_core.backends.context import BackendResult, RunContext
 from trainer_core.backends.sampling import EpochSampler, eval_order
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, write_meta
 from trainer_core.metrics import compute_metrics
