@@ -211,15 +211,25 @@ _ADAFACTOR_FIELDS = frozenset(
      "adafactor_scale_parameter", "adafactor_relative_step"}
 )  # fmt: skip
 
-# Order: the spec's default first. plan_rank: adamw, then adamw_8bit, then adafactor (extra work per step).
+# The spec's default first. plan_rank: adamw, then adamw_8bit (quantisation work), then adafactor
+# (factored second moment: the most extra work per step).
 OPTIMIZER_TABLE: Mapping[str, OptimizerEntry] = {
     entry.name: entry
     for entry in (
-        OptimizerEntry("adamw", _ADAM_FIELDS | {"amsgrad"}, ("amsgrad",), 0, _build_adamw, _adamw_state),
-        OptimizerEntry("adafactor", _ADAFACTOR_FIELDS, ("adafactor_beta1",), 2, _build_adafactor, _adafactor_state),
-        OptimizerEntry("adamw_8bit", _ADAM_FIELDS, (), 1, _build_adamw_8bit, _adamw_8bit_state),
+        OptimizerEntry(
+            name="adamw", fields=_ADAM_FIELDS | {"amsgrad"}, state_fields=("amsgrad",), plan_rank=0,
+            build=_build_adamw, state=_adamw_state,
+        ),
+        OptimizerEntry(
+            name="adafactor", fields=_ADAFACTOR_FIELDS, state_fields=("adafactor_beta1",), plan_rank=2,
+            build=_build_adafactor, state=_adafactor_state,
+        ),
+        OptimizerEntry(
+            name="adamw_8bit", fields=_ADAM_FIELDS, state_fields=(), plan_rank=1,
+            build=_build_adamw_8bit, state=_adamw_8bit_state,
+        ),
     )
-}
+}  # fmt: skip
 OPTIMIZER_NAMES: tuple[str, ...] = tuple(OPTIMIZER_TABLE)
 
 if TYPE_CHECKING:
