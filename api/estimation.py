@@ -12,13 +12,15 @@ from typing import Any
 
 from api.problems import Problem
 from service_core.settings import Settings
+from trainer_core.memory_overhead import overhead_mb_to_bytes
 from trainer_core.spec import JobSpec
 
 logger = logging.getLogger(__name__)
 
 
 def overhead_bytes(settings: Settings) -> int | None:
-    return None if settings.memory_overhead_mb is None else settings.memory_overhead_mb * (1 << 20)
+    """The overhead setting in bytes, or None to let the estimator read the same variable itself."""
+    return None if settings.memory_overhead_mb is None else overhead_mb_to_bytes(settings.memory_overhead_mb)
 
 
 def estimate(

@@ -28,8 +28,9 @@ import torch
 from trainer_core.memory import estimate_memory
 from trainer_core.memory.catalog import catalog_config
 from trainer_core.modeling import build_model
-from trainer_core.optimizers import build_optimizer, optimizer_state_bytes
+from trainer_core.optimizers import build_optimizer
 from trainer_core.spec import JobSpec, parse_spec
+from trainer_core.torch_optim import optimizer_state_bytes
 
 STEPS = 3
 LABELS = ["0", "1"]

@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer_core.memory_overhead import OVERHEAD_ENV
+
 DEV_SECRET = "dev-insecure-secret-change-me"
 
 
@@ -37,7 +39,7 @@ class Settings(BaseSettings):
     default_queue: str = Field(default="default", validation_alias="TRAINJOBS_DEFAULT_QUEUE")
     # queue name -> per-device GPU memory budget in GB, e.g. {"gpu-24g": 24, "gpu-80g": 80}
     queue_budgets: dict[str, float] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_BUDGETS")
-    memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias="TRAINJOBS_MEMORY_OVERHEAD_MB")
+    memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias=OVERHEAD_ENV)  # MiB
     # How long an API process trusts a key it has checked; a revocation takes effect within this time.
     auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
 

@@ -17,6 +17,10 @@ from typing import Any, Literal, TextIO, get_args
 EventKind = Literal["progress", "metric", "eval", "memory", "log", "done"]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 RunStatus = Literal["succeeded", "failed", "cancelled"]
+# Exit status of `python -m trainer_core` (and so of `trainjobs train`) for each way a run ends, and for
+# a spec refused before training. service_core.status.EXIT_CODES holds the same numbers (a test ties them).
+RUN_EXIT_CODES: dict[RunStatus, int] = {"succeeded": 0, "failed": 1, "cancelled": 3}
+EXIT_INVALID_SPEC = 2
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]

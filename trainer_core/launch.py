@@ -1,24 +1,23 @@
 """Several processes: run the same job under torchrun and relay rank 0's events to the caller.
 
-``run_distributed`` starts ``python -m torch.distributed.run --nproc_per_node N -m trainer_core.launch``;
-each worker calls :func:`trainer_core.run.run_job` (gloo on CPU, nccl on GPU, chosen by accelerate)
-and rank 0 prints its events as JSON lines, which the parent parses and forwards.
+``run_distributed`` starts ``python -m torch.distributed.run --nproc_per_node N -m trainer_core.rank_entry``;
+each worker (:mod:`trainer_core.rank_entry`) calls :func:`trainer_core.run.run_job` (gloo on CPU, nccl on
+GPU, chosen by accelerate) and rank 0 prints its events as JSON lines, which the parent parses and forwards.
+This module does not import :mod:`trainer_core.run` (which imports it), so the two form no circle.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
-from trainer_core.events import Event, EventSink, RunStatus, make_event, parse_event_line, stream_sink
-from trainer_core.spec import FieldError, JobSpec, SpecError, load_spec_file
+from trainer_core.events import Event, EventSink, RunStatus, make_event, parse_event_line
+from trainer_core.spec import FieldError, JobSpec, SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ def torchrun_command(
 ) -> list[str]:
     """The torchrun command line for one job (``--standalone``: a free local rendezvous port)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "trainer_core.launch", str(spec_path), "--output-dir", str(output_dir)]
+           "-m", "trainer_core.rank_entry", str(spec_path), "--output-dir", str(output_dir)]
     if resume:
         cmd.append("--resume")
     if stop_file is not None:
@@ -97,28 +96,3 @@ def run_distributed(
         raise error
     status: RunStatus = done["status"]
     return status
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of each torchrun worker."""
-    parser = argparse.ArgumentParser(prog="python -m trainer_core.launch")
-    parser.add_argument("spec", type=Path)
-    parser.add_argument("--output-dir", type=Path, required=True)
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--stop-file", type=Path)
-    parser.add_argument("--cache-dir", type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from trainer_core.run import run_job
-
-    emit = stream_sink(sys.stdout) if int(os.environ.get("RANK", "0")) == 0 else None
-    try:
-        status = run_job(load_spec_file(args.spec), args.output_dir, emit=emit, resume=args.resume,
-                         stop_file=args.stop_file, cache_dir=args.cache_dir)
-    except SpecError:
-        return 2
-    return 0 if status == "succeeded" else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

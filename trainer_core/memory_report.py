@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainer_core.events import Event, make_event
-from trainer_core.optimizers import optimizer_state_bytes
+from trainer_core.torch_optim import optimizer_state_bytes
 
 
 def _unique_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -14,15 +14,17 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, ValidationError, model_validator
+
+# The optimizer section and its rules come from the optimizer table; re-exported as part of the spec.
+from trainer_core.optimizers import OptimizerSpec
+from trainer_core.spec_base import StrictModel, combination_error
 
 Task = Literal["text-classification", "image-classification", "audio-classification"]
 Backend = Literal["trainer", "accelerate"]
-OptimizerName = Literal["adamw", "adafactor", "adamw_8bit"]
 MixedPrecision = Literal["no", "fp16", "bf16"]
 MetricName = Literal["accuracy", "f1", "precision", "recall"]
 SchedulerName = Literal[
@@ -30,18 +32,7 @@ SchedulerName = Literal[
 ]
 EvalStrategy = Literal["no", "steps", "epoch"]
 
-# Derived from the Literal, so the planner's list of optimizers can never drift from the schema's.
-OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 BUILTIN_DATASET_BUILDERS = ("csv", "json", "parquet", "imagefolder", "audiofolder")
-
-
-def combination_error(field: str, message: str) -> PydanticCustomError:
-    """An error for a rule that spans fields; ``field`` is the dotted path users should fix."""
-    return PydanticCustomError("invalid_combination", "{field}: " + message, {"field": field})
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
 class ModelSpec(StrictModel):
@@ -139,38 +130,6 @@ class TrainingSpec(StrictModel):
     def _eval_steps(self) -> TrainingSpec:
         if self.eval_steps is not None and self.eval_strategy != "steps":
             raise combination_error("training.eval_steps", "only used with eval_strategy 'steps'")
-        return self
-
-
-class OptimizerSpec(StrictModel):
-    """trainjobs builds the optimizer itself in both backends, so its memory is known exactly."""
-
-    name: OptimizerName = "adamw"
-    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
-    adam_beta2: float = Field(default=0.999, ge=0, lt=1)
-    adam_epsilon: float = Field(default=1e-8, gt=0)
-    amsgrad: bool = False
-    adafactor_beta1: float | None = Field(
-        default=None, ge=0, lt=1, description="Adafactor keeps a first moment only when this is set."
-    )
-    adafactor_decay_rate: float = Field(default=-0.8, lt=0)
-    adafactor_clip_threshold: float = Field(default=1.0, gt=0)
-    adafactor_scale_parameter: bool = False
-    adafactor_relative_step: bool = False
-
-    @model_validator(mode="after")
-    def _fields_match_optimizer(self) -> OptimizerSpec:
-        # A field of another optimizer is an error only when it differs from its default, so a
-        # dumped spec (which lists every field) validates again unchanged.
-        fields = type(self).model_fields
-        changed = {n for n in fields if getattr(self, n) != fields[n].default}
-        adam_only = {"adam_beta1", "adam_beta2", "adam_epsilon", "amsgrad"}
-        ada_only = {n for n in fields if n.startswith("adafactor_")}
-        wrong = sorted(changed & (adam_only if self.name == "adafactor" else ada_only))
-        if wrong:
-            raise combination_error(f"optimizer.{wrong[0]}", f"does not apply to optimizer '{self.name}'")
-        if self.amsgrad and self.name != "adamw":
-            raise combination_error("optimizer.amsgrad", "only torch AdamW (`adamw`) supports amsgrad")
         return self
 
 

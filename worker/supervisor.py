@@ -42,9 +42,9 @@ HEARTBEAT_S = 5.0
 
 
 def train_command(paths: RunPaths, *, resume: bool) -> list[str]:
-    """The command line of a run (the trainjobs CLI under the worker's own interpreter)."""
+    """The command line of a run: the engine's own entry point under the worker's interpreter."""
     cmd = [
-        sys.executable, "-m", "trainjobs.cli", "train", str(paths.spec_file),
+        sys.executable, "-m", "trainer_core", str(paths.spec_file),
         "--output-dir", str(paths.output_dir), "--jsonl",
         "--cache-dir", str(paths.cache_dir), "--stop-file", str(paths.stop_file),
     ]  # fmt: skip

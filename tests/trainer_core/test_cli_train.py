@@ -84,3 +84,17 @@ def test_missing_spec_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
     code = main(["train", str(tmp_path / "nope.yaml"), "--output-dir", str(tmp_path / "out")])
     assert code == 2
     assert capsys.readouterr().err.startswith("spec:")
+
+
+def test_cancelled_run_exits_3_from_either_entry_point(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer_core.cli import main as engine_main
+
+    spec_file = tiny_spec_file(tmp_path, ".json")
+    stop = tmp_path / "stop"
+    stop.touch()  # asked to stop before the first step ends: the run stops after it, cancelled
+    for entry, argv in ((main, ["train"]), (engine_main, [])):
+        out = tmp_path / f"out-{len(argv)}"
+        code = entry([*argv, str(spec_file), "--output-dir", str(out), "--jsonl", "--stop-file", str(stop)])
+        events = [e for e in map(parse_event_line, capsys.readouterr().out.splitlines()) if e is not None]
+        assert events[-1]["event"] == "done" and events[-1]["status"] == "cancelled"
+        assert code == 3

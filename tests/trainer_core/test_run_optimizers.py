@@ -10,8 +10,9 @@ from tests.trainer_core import datagen
 from tests.trainer_core.runhelpers import BACKENDS, done_event, logged_losses, run, text_spec
 from trainer_core.backends.common import build_training_model
 from trainer_core.data import prepare_data
-from trainer_core.optimizers import build_optimizer, optimizer_state_bytes
+from trainer_core.optimizers import build_optimizer
 from trainer_core.spec import JobSpec
+from trainer_core.torch_optim import optimizer_state_bytes
 
 
 def state_bytes_after_one_step(spec: JobSpec) -> tuple[int, int]:

@@ -6,36 +6,9 @@ resume from) and return a :class:`BackendResult`; :mod:`trainer_core.run` does t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from trainer_core.backends.context import BackendResult, RunContext
 
-from trainer_core.events import EventSink, RunStatus
-from trainer_core.spec import JobSpec
-from trainer_core.stopping import StopSignal
-
-if TYPE_CHECKING:
-    from trainer_core.data import PreparedData
-
-
-@dataclass
-class RunContext:
-    """Everything a backend needs; ``emit`` is already silent on processes other than the main one."""
-
-    spec: JobSpec
-    output_dir: Path
-    data: PreparedData
-    emit: EventSink
-    stop: StopSignal
-    resume_from: Path | None = None
-
-
-@dataclass
-class BackendResult:
-    status: RunStatus
-    global_step: int
-    eval_metrics: dict[str, float] = field(default_factory=dict)
-    train: dict[str, Any] = field(default_factory=dict)
+__all__ = ["BackendResult", "RunContext", "run_backend"]
 
 
 def run_backend(ctx: RunContext) -> BackendResult:

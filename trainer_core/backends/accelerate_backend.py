@@ -1,8 +1,11 @@
-"""The hand-written ``Accelerator`` loop: read it top to bottom like accelerate's nlp_example.
+"""The hand-written ``Accelerator`` loop: read it top to bottom like accelerate's
+``examples/by_feature/local_sgd.py``.
 
-Data -> model -> optimizer (trainjobs' own) -> ``prepare`` -> loop with ``accumulate`` / ``backward`` /
-clipping / optional ``LocalSGD`` -> evaluation under ``torch.no_grad`` with ``gather_for_metrics``.
-Host syncs (``.item()``) happen only at logging and evaluation points.
+Data -> model -> optimizer (trainjobs' own) -> ``prepare`` -> one visible step (``accumulate``,
+``backward``, clipping, optimizer and scheduler step, ``zero_grad``, ``LocalSGD`` step) with the
+bookkeeping (:class:`_Bookkeeping`: events, evaluation, checkpoints, stop) called around it ->
+evaluation under ``torch.no_grad`` with ``gather_for_metrics``. Host syncs (``.item()``) happen only
+at logging and evaluation points.
 """
 
 from __future__ import annotations
@@ -19,27 +22,22 @@ from datasets import Dataset
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainer_core.backends import BackendResult, RunContext
 from trainer_core.backends.common import (
     LENGTH_COLUMN,
+    RunEvents,
     StepPlan,
+    batches_per_epoch,
     build_scheduler,
     build_training_model,
     column_lengths,
     eval_values,
     plan_steps,
     save_processor,
+    train_summary,
 )
+from trainer_core.backends.context import BackendResult, RunContext
 from trainer_core.backends.sampling import EpochSampler, eval_order
-from trainer_core.checkpoint import (
-    TrainProgress,
-    checkpoint_dir,
-    read_progress,
-    rotate_checkpoints,
-    write_meta,
-)
-from trainer_core.events import make_event
-from trainer_core.memory_report import memory_event
+from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, rotate_checkpoints, write_meta
 from trainer_core.optimizers import build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -119,12 +117,22 @@ def _save_checkpoint(accelerator: Accelerator, ctx: RunContext, progress: TrainP
     accelerator.wait_for_everyone()
 
 
+def _load_checkpoint(accelerator: Accelerator, ctx: RunContext) -> TrainProgress:
+    """Where training starts: the checkpoint's step, epoch and batch, or the very beginning."""
+    if ctx.resume_from is None:
+        return TrainProgress(0, 0, 0)
+    accelerator.load_state(str(ctx.resume_from))
+    start = read_progress(ctx.resume_from)
+    logger.info("resuming from %s at step %d", ctx.resume_from, start.global_step)
+    return start
+
+
 @dataclass
-class _Loop:
-    """The live objects of one run and the counters between log points.
+class _Bookkeeping:
+    """Everything around the training step: counters, events, evaluations, checkpoints, the stop check.
 
     Loss and gradient norm stay on the device as tensors; they are read (a host sync) only when a
-    ``metric`` event is due.
+    ``metric`` event is due, and once at the end for the train summary.
     """
 
     ctx: RunContext
@@ -135,85 +143,71 @@ class _Loop:
     eval_dl: DataLoader | None
     plan: StepPlan
     global_step: int = 0
-    loss_sum: torch.Tensor | None = None
-    loss_count: int = 0
-    samples: int = 0
     grad_norm: torch.Tensor | None = None
-    memory_sent: bool = False
-    last_eval: dict[str, float] = field(default_factory=dict)
-    eval_step: int = -1
+    loss_sum: torch.Tensor | None = None  # since the last metric event
+    loss_count: int = 0
+    loss_total: torch.Tensor | None = None  # this session, for the train summary
+    batches: int = 0
+    samples: int = 0
+    events: RunEvents = field(init=False)
+    unwrapped: nn.Module = field(init=False)
 
-    def train_batch(self, batch: dict[str, torch.Tensor]) -> None:
-        t = self.ctx.spec.training
-        with self.accelerator.accumulate(self.model):
-            loss = self.model(**batch).loss
-            self.accelerator.backward(loss)
-            if self.accelerator.sync_gradients and t.max_grad_norm > 0:
-                self.grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
-            self.optimizer.step()  # a no-op until the accumulation window closes
-            self.optimizer.zero_grad(set_to_none=True)
+    def __post_init__(self) -> None:
+        self.events = RunEvents(self.ctx.emit)
+        self.unwrapped = self.accelerator.unwrap_model(self.model)
+
+    @property
+    def finished(self) -> bool:
+        return self.global_step >= self.plan.total_steps
+
+    def after_batch(self, batch: dict[str, torch.Tensor], loss: torch.Tensor) -> None:
+        """Count a micro-batch and add its loss, without a host sync."""
         self.samples += int(batch["labels"].shape[0])
         detached = loss.detach().float()
         self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
+        self.loss_total = detached if self.loss_total is None else self.loss_total + detached
         self.loss_count += 1
+        self.batches += 1
 
-    def after_update(self, epoch_float: float) -> None:
-        """Bookkeeping after an optimizer step: memory (once), progress, metrics, step evaluation."""
-        t, emit = self.ctx.spec.training, self.ctx.emit
-        if not self.memory_sent:
-            emit(memory_event(self.accelerator.unwrap_model(self.model), self.optimizer))
-            self.memory_sent = True
-        emit(make_event("progress", step=self.global_step, total_steps=self.plan.total_steps, epoch=epoch_float))
+    def after_update(self, epoch: int, batch_index: int) -> bool:
+        """After an optimizer step: events, step evaluation, checkpoint; True when asked to stop early."""
+        t = self.ctx.spec.training
+        self.global_step += 1
+        epoch_float = epoch + batch_index / self.plan.batches_per_epoch
+        self.events.step_done(self.unwrapped, self.optimizer, self.global_step, self.plan.total_steps, epoch_float)
         if self.global_step % t.logging_steps == 0 and self.loss_sum is not None:
             values = {
                 "loss": self.loss_sum.item() / self.loss_count,
                 "learning_rate": self.scheduler.get_last_lr()[0],
                 "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
             }
-            emit(make_event("metric", step=self.global_step, epoch=epoch_float, values=values))
+            self.events.metric(self.global_step, epoch_float, values)
             self._report(values)
             self.loss_sum, self.loss_count = None, 0
         if t.eval_strategy == "steps" and self.global_step % (t.eval_steps or t.logging_steps) == 0:
             self.evaluate(epoch_float)
+        stop = self.ctx.stop.requested_by_any(self.accelerator.device)
+        if self.global_step % t.save_steps == 0 or self.finished or stop:
+            at_end = batch_index >= self.plan.batches_per_epoch
+            where = (epoch + 1, 0) if at_end else (epoch, batch_index)
+            _save_checkpoint(self.accelerator, self.ctx, TrainProgress(self.global_step, *where))
+        return stop and not self.finished
 
     def evaluate(self, epoch_float: float) -> None:
         if self.eval_dl is None:
             return
-        self.last_eval = evaluate(self.accelerator, self.model, self.eval_dl, self.ctx)
-        self.eval_step = self.global_step
-        self.ctx.emit(make_event("eval", step=self.global_step, epoch=epoch_float, values=self.last_eval))
-        self._report(self.last_eval)
+        values = evaluate(self.accelerator, self.model, self.eval_dl, self.ctx)
+        self.events.evaluated(self.global_step, epoch_float, values)
+        self._report(values)
 
     def _report(self, values: dict[str, Any]) -> None:
         """Mirror a metric or eval point to the user's trackers (``training.report_to``), if any."""
         if self.ctx.spec.training.report_to:
             self.accelerator.log({k: v for k, v in values.items() if v is not None}, step=self.global_step)
 
-    def run_epoch(self, epoch: int, skip: int, train_dl: DataLoader, sgd: LocalSGD) -> tuple[bool, bool]:
-        """Train one epoch from batch ``skip``; returns (stopped on request, epoch completed)."""
-        t = self.ctx.spec.training
-        loader = self.accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
-        batch_index = skip
-        for batch in loader:
-            self.train_batch(batch)
-            batch_index += 1
-            if not self.accelerator.sync_gradients:
-                continue
-            self.scheduler.step()
-            sgd.step()
-            self.global_step += 1
-            self.after_update(epoch + batch_index / self.plan.batches_per_epoch)
-            finished = self.global_step >= self.plan.total_steps
-            stop = self.ctx.stop.requested_by_any(self.accelerator.device)
-            if self.global_step % t.save_steps == 0 or finished or stop:
-                at_end = batch_index >= self.plan.batches_per_epoch
-                where = (epoch + 1, 0) if at_end else (epoch, batch_index)
-                _save_checkpoint(self.accelerator, self.ctx, TrainProgress(self.global_step, *where))
-            if stop and not finished:
-                return True, False
-            if finished:
-                break
-        return False, batch_index >= self.plan.batches_per_epoch
+    def summary(self, runtime_s: float) -> dict[str, Any]:
+        mean_loss = None if self.loss_total is None else self.loss_total.item() / self.batches
+        return train_summary(runtime_s, self.samples * self.accelerator.num_processes, mean_loss)
 
 
 def train_with_accelerate(ctx: RunContext) -> BackendResult:
@@ -235,47 +229,62 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)
-    plan = plan_steps(spec, len(train_dl))
-    # Not prepared: steps are counted on the sharded loader already, so it must step once per update.
+    plan = plan_steps(spec, batches_per_epoch(len(ctx.data.train), t.per_device_train_batch_size,
+                                              accelerator.num_processes))
+    # Not prepared, unlike the example: plan_steps already counts updates per process, so it steps
+    # once per update (a prepared scheduler would step num_processes times).
     scheduler = build_scheduler(spec, optimizer.optimizer, plan.total_steps)
     accelerator.register_for_checkpointing(scheduler)
+    start = _load_checkpoint(accelerator, ctx)
+    book = _Bookkeeping(ctx, accelerator, model, optimizer, scheduler, eval_dl, plan, global_step=start.global_step)
 
-    start = TrainProgress(0, 0, 0)
-    if ctx.resume_from is not None:
-        accelerator.load_state(str(ctx.resume_from))
-        start = read_progress(ctx.resume_from)
-        logger.info("resuming from %s at step %d", ctx.resume_from, start.global_step)
-    loop = _Loop(ctx, accelerator, model, optimizer, scheduler, eval_dl, plan, global_step=start.global_step)
     cancelled = False
     started = time.perf_counter()
     model.train()
-    with LocalSGD(accelerator, model, eff.local_sgd_steps or 1, enabled=eff.local_sgd_steps is not None) as sgd:
+    with LocalSGD(accelerator, model, eff.local_sgd_steps or 1, enabled=eff.local_sgd_steps is not None) as local_sgd:
         for epoch in range(start.epoch, plan.num_epochs):
-            if loop.global_step >= plan.total_steps:
+            if book.finished:
                 break
             # Through the loader: accelerate's loader re-applies its own epoch counter on every
             # iteration, which starts at 0 in a resumed process.
             train_dl.set_epoch(epoch)
             skip = start.batch_in_epoch if epoch == start.epoch else 0
-            cancelled, completed = loop.run_epoch(epoch, skip, train_dl, sgd)
+            batch_index = skip
+            for batch in accelerator.skip_first_batches(train_dl, skip) if skip else train_dl:
+                batch_index += 1
+                with accelerator.accumulate(model):
+                    loss = model(**batch).loss
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and t.max_grad_norm > 0:
+                        book.grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+                    optimizer.step()  # a no-op until the accumulation window closes
+                    if accelerator.sync_gradients:
+                        scheduler.step()  # not prepared (see above), so only when the optimizer stepped
+                    optimizer.zero_grad(set_to_none=True)
+                    if accelerator.sync_gradients:
+                        local_sgd.step()  # counts optimizer steps, not micro-batches: local_sgd_steps means updates
+                book.after_batch(batch, loss)
+                if accelerator.sync_gradients:
+                    cancelled = book.after_update(epoch, batch_index)
+                    if cancelled or book.finished:
+                        break
             if cancelled:
                 break
-            if completed and t.eval_strategy == "epoch":
-                loop.evaluate(float(epoch + 1))
+            if batch_index >= plan.batches_per_epoch and t.eval_strategy == "epoch":
+                book.evaluate(float(epoch + 1))
     runtime = time.perf_counter() - started
+
     if t.report_to:
         accelerator.end_training()
     if not cancelled:
-        if loop.eval_step != loop.global_step:
-            loop.evaluate(float(plan.num_epochs))
+        if book.events.eval_step != book.global_step:
+            book.evaluate(float(plan.num_epochs))
         _save_final(accelerator, model, ctx)
-    samples = loop.samples * accelerator.num_processes
-    train = {"train_runtime_s": runtime, "train_samples": samples, "train_samples_per_second": samples / runtime}
     return BackendResult(
         status="cancelled" if cancelled else "succeeded",
-        global_step=loop.global_step,
-        eval_metrics=loop.last_eval,
-        train=train,
+        global_step=book.global_step,
+        eval_metrics=book.events.last_eval,
+        train=book.summary(runtime),
     )
 
 

@@ -1,9 +1,15 @@
-"""What both backends do the same way: model set-up, step counts, scheduler, metrics, final output."""
+"""What both backends do the same way: model set-up, step counts, scheduler, metrics, events, final output.
+
+The bookkeeping around the training step lives here once: the world size, batches per epoch, the
+memory/progress/metric/eval events (:class:`RunEvents`) and the train summary (:func:`train_summary`),
+so a run reports the same things, under the same keys, whichever backend trained it.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +20,8 @@ from datasets import Dataset
 from torch import nn
 from transformers import get_scheduler, set_seed
 
+from trainer_core.events import EventSink, make_event
+from trainer_core.memory_report import memory_event
 from trainer_core.modeling import build_model
 from trainer_core.spec import JobSpec
 
@@ -35,6 +43,19 @@ def build_training_model(spec: JobSpec, labels: list[str]) -> nn.Module:
         # Non-reentrant checkpointing works with frozen inputs and autocast; the reentrant kind does not.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
     return model
+
+
+def world_size() -> int:
+    """Processes training this run: torchrun's ``WORLD_SIZE``, 1 outside torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def batches_per_epoch(num_samples: int, per_device_batch_size: int, processes: int) -> int:
+    """Micro-batches each process sees per epoch; the last may be partial, none is dropped.
+
+    Equal to ``len()`` of accelerate's sharded loader and to what Trainer iterates.
+    """
+    return -(-num_samples // (per_device_batch_size * processes))
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,47 @@ def eval_values(
     if loss is not None:
         values = {"eval_loss": float(loss), **values}
     return values
+
+
+class RunEvents:
+    """The events a run emits, the same in both backends; remembers the last evaluation."""
+
+    def __init__(self, emit: EventSink) -> None:
+        self.emit = emit
+        self.memory_sent = False
+        self.last_eval: dict[str, float] = {}
+        self.eval_step = -1
+
+    def step_done(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, total_steps: int, epoch: float | None
+    ) -> None:
+        """After an optimizer step: ``memory`` once (optimizers allocate state on the first), ``progress``."""
+        if not self.memory_sent:
+            self.emit(memory_event(model, optimizer))
+            self.memory_sent = True
+        self.emit(make_event("progress", step=step, total_steps=total_steps, epoch=epoch))
+
+    def metric(self, step: int, epoch: float | None, values: dict[str, Any]) -> None:
+        """A ``metric`` event: loss, learning rate and gradient norm at a logging step."""
+        self.emit(make_event("metric", step=step, epoch=epoch, values=values))
+
+    def evaluated(self, step: int, epoch: float | None, values: dict[str, float]) -> None:
+        """An ``eval`` event; its values become the run's final evaluation unless another follows."""
+        self.last_eval, self.eval_step = values, step
+        self.emit(make_event("eval", step=step, epoch=epoch, values=values))
+
+
+def train_summary(runtime_s: float, samples: int, mean_loss: float | None) -> dict[str, Any]:
+    """The ``train`` part of a run's summary (and of the job's final metrics), same keys in both backends.
+
+    ``samples`` counts every process; ``mean_loss`` is the mean training loss of this session's steps.
+    """
+    return {
+        "train_runtime_s": runtime_s,
+        "train_samples": samples,
+        "train_samples_per_second": samples / runtime_s if runtime_s > 0 else 0.0,
+        "train_loss": mean_loss,
+    }
 
 
 def write_run_files(output_dir: Path, spec: JobSpec, metrics: dict[str, Any]) -> None:

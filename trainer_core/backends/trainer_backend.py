@@ -7,12 +7,12 @@ polls the stop signal after every optimizer step.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import (
     EvalPrediction,
     PrinterCallback,
@@ -23,19 +23,21 @@ from transformers import (
     TrainingArguments,
 )
 
-from trainer_core.backends import BackendResult, RunContext
 from trainer_core.backends.common import (
     LENGTH_COLUMN,
+    RunEvents,
+    batches_per_epoch,
     build_scheduler,
     build_training_model,
     column_lengths,
     plan_steps,
     save_processor,
+    train_summary,
+    world_size,
 )
+from trainer_core.backends.context import BackendResult, RunContext
 from trainer_core.backends.sampling import EpochSampler, eval_order
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, write_meta
-from trainer_core.events import make_event
-from trainer_core.memory_report import memory_event
 from trainer_core.metrics import compute_metrics
 from trainer_core.optimizers import build_optimizer
 
@@ -64,6 +66,11 @@ class _SeededOrderTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self._train_lengths = train_lengths
         self._eval_lengths = eval_lengths
+        self.samples_seen = 0  # this process's training samples, for the train summary
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        self.samples_seen += int(inputs["labels"].shape[0])
+        return super().training_step(model, inputs, num_items_in_batch)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
         dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
@@ -81,20 +88,13 @@ class _RunCallback(TrainerCallback):
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        self.memory_sent = False
+        self.events = RunEvents(ctx.emit)
         self.cancelled = False
-        self.last_eval: dict[str, float] = {}
-        self.eval_step = -1
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if not self.memory_sent:
-            self.ctx.emit(memory_event(kwargs["model"], kwargs["optimizer"]))
-            self.memory_sent = True
-        self.ctx.emit(
-            make_event("progress", step=state.global_step, total_steps=state.max_steps, epoch=state.epoch)
-        )
+        self.events.step_done(kwargs["model"], kwargs["optimizer"], state.global_step, state.max_steps, state.epoch)
         if self.ctx.stop.requested_by_any(args.device) and state.global_step < state.max_steps:
             control.should_save = True  # Trainer saves right after this hook, then stops
             control.should_training_stop = True
@@ -110,7 +110,7 @@ class _RunCallback(TrainerCallback):
     ) -> None:
         if logs and "loss" in logs:
             values = {k: logs.get(k) for k in ("loss", "learning_rate", "grad_norm")}
-            self.ctx.emit(make_event("metric", step=state.global_step, epoch=state.epoch, values=values))
+            self.events.metric(state.global_step, state.epoch, values)
 
     def on_evaluate(
         self,
@@ -121,8 +121,7 @@ class _RunCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         values = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_BOOKKEEPING}
-        self.last_eval, self.eval_step = values, state.global_step
-        self.ctx.emit(make_event("eval", step=state.global_step, epoch=state.epoch, values=values))
+        self.events.evaluated(state.global_step, state.epoch, values)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -138,7 +137,7 @@ def training_arguments(ctx: RunContext) -> TrainingArguments:
     """TrainingArguments named after the spec's fields (the spec follows their names)."""
     spec, t, eff = ctx.spec, ctx.spec.training, ctx.spec.efficiency
     on_cpu = not torch.cuda.is_available()
-    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    several = world_size() > 1
     return TrainingArguments(
         output_dir=str(ctx.output_dir),
         per_device_train_batch_size=t.per_device_train_batch_size,
@@ -179,8 +178,7 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     optimizer = build_optimizer(model, spec.optimizer, spec.training.learning_rate, spec.training.weight_decay)
     lengths = column_lengths(data.train) if spec.preprocessing.group_by_length else None
     eval_lengths = column_lengths(data.eval) if data.eval is not None else None
-    batches = -(-len(data.train) // (args.per_device_train_batch_size * args.world_size))
-    plan = plan_steps(spec, batches)
+    plan = plan_steps(spec, batches_per_epoch(len(data.train), args.per_device_train_batch_size, world_size()))
     scheduler = build_scheduler(spec, optimizer, plan.total_steps)
     callback = _RunCallback(ctx)
     num_labels = len(data.labels)
@@ -212,15 +210,16 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     output = trainer.train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
     runtime = time.perf_counter() - started
     global_step = trainer.state.global_step
+    train = train_summary(runtime, trainer.samples_seen * world_size(), output.metrics.get("train_loss"))
     if callback.cancelled:
-        return BackendResult(status="cancelled", global_step=global_step, train=dict(output.metrics))
-    if data.eval is not None and callback.eval_step != global_step:
+        return BackendResult(status="cancelled", global_step=global_step, train=train)
+    if data.eval is not None and callback.events.eval_step != global_step:
         trainer.evaluate()
     trainer.save_model(str(ctx.output_dir))
     if trainer.is_world_process_zero():
         save_processor(data.processor, ctx.output_dir)
-    train = {**output.metrics, "train_runtime_s": runtime}
-    return BackendResult(status="succeeded", global_step=global_step, eval_metrics=callback.last_eval, train=train)
+    final_eval = callback.events.last_eval
+    return BackendResult(status="succeeded", global_step=global_step, eval_metrics=final_eval, train=train)
 
 
 def _argmax_logits(logits: Any, labels: torch.Tensor) -> torch.Tensor:

@@ -7,21 +7,16 @@ The two phases do not overlap: activations are freed by the time the optimizer s
 
 from __future__ import annotations
 
-import os
-
 from pydantic import BaseModel
 
 from trainer_core.memory.activations import estimate_activations
 from trainer_core.memory.optimizer_state import optimizer_memory
 from trainer_core.memory.parameters import ModelStructure, model_structure
+from trainer_core.memory_overhead import MIB, OVERHEAD_ENV, overhead_bytes_from_env
+from trainer_core.optimizers import optimizer_state_key
 from trainer_core.spec import FieldError, JobSpec, SpecError
 
 GIB = 1024**3
-MIB = 1024**2
-# CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation: memory the job needs that
-# torch.cuda.max_memory_allocated does not count. Override per call or with the environment variable.
-DEFAULT_OVERHEAD_BYTES = 1 * GIB
-OVERHEAD_ENV = "TRAINJOBS_MEMORY_OVERHEAD_BYTES"
 FP32 = 4
 TOTAL_FORMULA = (
     "parameters + gradients + optimizer_state + overhead + ddp_buckets"
@@ -59,12 +54,6 @@ class MemoryEstimate(BaseModel):
     fits: bool | None = None
 
 
-def default_overhead_bytes() -> int:
-    """The overhead constant: ``TRAINJOBS_MEMORY_OVERHEAD_BYTES`` if set, else 1 GiB."""
-    value = os.environ.get(OVERHEAD_ENV)
-    return int(value) if value else DEFAULT_OVERHEAD_BYTES
-
-
 def autocast_copy_bytes(structure: ModelStructure, spec: JobSpec) -> int:
     """16-bit copies autocast makes of Linear/Conv weights; cached for the forward, saved for backward."""
     if spec.efficiency.mixed_precision == "no":
@@ -99,17 +88,14 @@ def estimate_memory(
         )
     n_devices = devices if devices is not None else spec.resources.num_processes
     budget_gb = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
-    overhead = overhead_bytes if overhead_bytes is not None else default_overhead_bytes()
+    overhead = overhead_bytes if overhead_bytes is not None else overhead_bytes_from_env()
 
     param_bytes = structure.trainable_bytes
     frozen_bytes = (structure.parameters - structure.trainable_parameters) * FP32
     grad_bytes = param_bytes  # gradients have the parameters' (fp32 master) dtype
     optimizer = spec.optimizer
-    # optimizer_memory reads the optimizer's name, amsgrad and whether beta1 is set: the memo key.
-    opt = structure.memoized(
-        ("optimizer", optimizer.name, optimizer.amsgrad, optimizer.adafactor_beta1 is not None),
-        lambda: optimizer_memory(structure.tensors, optimizer),
-    )
+    # The table names the fields each state rule reads: they and the structure are the memo key.
+    opt = structure.memoized(optimizer_state_key(optimizer), lambda: optimizer_memory(structure.tensors, optimizer))
     act = estimate_activations(structure, spec)
     casts = autocast_copy_bytes(structure, spec)
     # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does
@@ -136,7 +122,9 @@ def estimate_memory(
             formula=opt.step_temporary_formula,
             note="optimizer-step phase; the total counts the larger phase",
         ),
-        MemoryPart(name="overhead", bytes=overhead, formula=f"constant ({OVERHEAD_ENV} or overhead_bytes)"),
+        MemoryPart(
+            name="overhead", bytes=overhead, formula=f"constant ({OVERHEAD_ENV} MiB, default 1 GiB, or overhead_bytes)"
+        ),
         MemoryPart(
             name="ddp_buckets",
             bytes=ddp,

@@ -27,8 +27,9 @@ from transformers.pytorch_utils import Conv1D
 
 from trainer_core.memory.catalog import catalog_config, catalog_ids, in_catalog
 from trainer_core.modeling import MASTER_DTYPE, MODEL_CLASSES, config_from_dict, label_config
-from trainer_core.optimizers import decay_parameter_names, embedding_modules
+from trainer_core.optimizers import TensorInfo
 from trainer_core.spec import FieldError, ModelSpec, SpecError
+from trainer_core.torch_optim import decay_parameter_names, embedding_modules
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,6 @@ class UnknownModelError(SpecError):
             f"{catalog_ids()[0]!r}), a local directory holding config.json, or `model.config`"
         )
         super().__init__([FieldError("model.name_or_path", message, "unknown_model")])
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One trainable parameter as the optimizer sees it."""
-
-    name: str
-    shape: tuple[int, ...]
-    numel: int
-    itemsize: int  # bytes per element at the dtype training builds the model in
-    decay: bool  # in build_optimizer's weight-decay group
-    embedding: bool  # an nn.Embedding weight: bnb keeps its state at 32-bit
-    autocast: bool  # cast to a 16-bit copy under autocast (Linear / Conv weights and biases)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """``plan_memory``: which settings make a job fit a device budget, fastest first.
 
-It varies the optimizer (adamw, adamw_8bit, adafactor), the micro-batch (halved while even, with
-gradient accumulation doubled so the effective batch is unchanged), gradient checkpointing (only where
-the model supports it) and mixed precision, and estimates every combination. For each
+It varies the optimizer (every entry of ``trainer_core.optimizers.OPTIMIZER_TABLE``), the micro-batch
+(halved while even, with gradient accumulation doubled so the effective batch is unchanged), gradient
+checkpointing (only where the model supports it) and mixed precision, and estimates every combination. For each
 (optimizer, precision) pair it keeps the fastest combination that fits, then orders entries by expected
 speed: no recomputation first, then larger micro-batches, then the fewest changes to the spec, then
-16-bit autocast before fp32 (tensor cores), then adamw, adamw_8bit, adafactor (extra work per step).
+16-bit autocast before fp32 (tensor cores), then the table's ``plan_rank`` (adamw, adamw_8bit,
+adafactor: extra work per step).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from pydantic import BaseModel
 
 from trainer_core.memory.estimator import GIB, estimate_memory, human_bytes
 from trainer_core.memory.parameters import model_structure
-from trainer_core.spec import OPTIMIZERS, JobSpec, OptimizerSpec, parse_spec
-
-_ADAM_FIELDS = ("adam_beta1", "adam_beta2", "adam_epsilon")
+from trainer_core.optimizers import OPTIMIZER_TABLE, planner_order
+from trainer_core.spec import JobSpec, OptimizerSpec, parse_spec
 
 
 class PlanEntry(BaseModel):
@@ -41,12 +41,13 @@ class Plan(BaseModel):
 
 
 def _optimizer_dict(current: OptimizerSpec, name: str) -> dict[str, Any]:
-    """The optimizer section for ``name``, keeping the user's Adam hyper-parameters where they apply."""
+    """The optimizer section for ``name``, keeping the user's hyper-parameters that apply to both."""
     if name == current.name:
         return current.model_dump(exclude_unset=True)
+    # amsgrad is dropped (apply_changes sets it False); other shared fields carry over.
+    shared = (OPTIMIZER_TABLE[name].fields & OPTIMIZER_TABLE[current.name].fields) - {"amsgrad"}
     new: dict[str, Any] = {"name": name}
-    if name != "adafactor" and current.name != "adafactor":
-        new.update({f: getattr(current, f) for f in _ADAM_FIELDS if f in current.model_fields_set})
+    new.update({f: getattr(current, f) for f in sorted(shared) if f in current.model_fields_set})
     return new
 
 
@@ -57,7 +58,7 @@ def apply_changes(spec: JobSpec, changes: dict[str, Any]) -> JobSpec:
         section, field = path.split(".", 1)
         if path == "optimizer.name":
             data["optimizer"] = _optimizer_dict(spec.optimizer, value)
-        elif path != "optimizer.amsgrad":  # dropped with the switch away from adamw
+        elif path != "optimizer.amsgrad":  # dropped with the switch to an optimizer without it
             data.setdefault(section, {})[field] = value
     return parse_spec(data)
 
@@ -72,7 +73,7 @@ def _candidates(spec: JobSpec, checkpointing_ok: bool) -> list[dict[str, Any]]:
     precisions = list(dict.fromkeys([spec.efficiency.mixed_precision, "bf16", "no"]))
     ckpts = [False, True] if checkpointing_ok else [False]
     out = []
-    for opt, k, ckpt, mp in itertools.product(OPTIMIZERS, halvings, ckpts, precisions):
+    for opt, k, ckpt, mp in itertools.product(planner_order(), halvings, ckpts, precisions):
         wanted: dict[str, Any] = {
             "optimizer.name": opt,
             "training.per_device_train_batch_size": b0 // 2**k,
@@ -88,7 +89,7 @@ def _candidates(spec: JobSpec, checkpointing_ok: bool) -> list[dict[str, Any]]:
             "efficiency.mixed_precision": spec.efficiency.mixed_precision,
         }
         changes = {key: value for key, value in wanted.items() if current[key] != value}
-        if spec.optimizer.amsgrad and opt != "adamw":
+        if spec.optimizer.amsgrad and "amsgrad" not in OPTIMIZER_TABLE[opt].fields:
             changes["optimizer.amsgrad"] = False
         out.append(changes)
     return out
@@ -101,7 +102,7 @@ def _speed_key(spec: JobSpec, new: JobSpec, changes: dict[str, Any]) -> tuple[in
         halvings,
         len(changes),
         int(new.efficiency.mixed_precision == "no"),
-        OPTIMIZERS.index(new.optimizer.name),
+        OPTIMIZER_TABLE[new.optimizer.name].plan_rank,
     )
 
 

@@ -1,96 +1,17 @@
-"""``trainjobs train SPEC --output-dir DIR``: run a job on this machine, no service needed.
+"""``trainjobs train SPEC --output-dir DIR``: ``python -m trainer_core`` under the trainjobs command.
 
-By default a progress bar with the live loss; ``--jsonl`` prints the run's events instead, one JSON
-object per line on stdout (what the worker parses). Exit status as for every command that waits for a
-job (``service_core.status``): 0 only when the run succeeded, 1 failed, 3 cancelled, 2 for a spec that
-cannot run (each problem printed as ``field: message``).
+The arguments, the progress bar and the exit statuses live in :mod:`trainer_core.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-from service_core.status import EXIT_REFUSED, exit_code
-from trainer_core.events import Event, EventSink, stream_sink
-from trainer_core.spec import SpecError, load_spec_file
-
-
-class ProgressBar:
-    """An event sink that draws a tqdm bar, shows loss as it goes and prints evaluations."""
-
-    def __init__(self) -> None:
-        self._bar: Any = None
-
-    def __call__(self, event: Event) -> None:
-        from tqdm import tqdm
-
-        kind = event["event"]
-        if kind == "progress":
-            if self._bar is None:
-                self._bar = tqdm(total=event["total_steps"], initial=event["step"] - 1, unit="step",
-                                 dynamic_ncols=True)
-            self._bar.update(event["step"] - self._bar.n)
-        elif kind == "metric" and self._bar is not None:
-            values = event["values"]
-            self._bar.set_postfix(loss=f"{values['loss']:.4f}" if values.get("loss") is not None else "nan")
-        elif kind == "eval":
-            shown = ", ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in event["values"].items()
-                              if isinstance(v, float))
-            tqdm.write(f"eval @ step {event['step']}: {shown}")
-        elif kind == "done":
-            self.close()
-            summary = event.get("summary") or {}
-            detail = summary.get("error") or ", ".join(
-                f"{k}={v:.4f}" for k, v in (summary.get("eval") or {}).items() if isinstance(v, float)
-            )
-            print(f"{event['status']}: {detail}" if detail else event["status"], file=sys.stderr)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
-def _print_spec_error(exc: SpecError) -> int:
-    for error in exc.errors:
-        print(f"{error.field}: {error.message}", file=sys.stderr)
-    return EXIT_REFUSED
-
-
-def run_train(args: argparse.Namespace) -> int:
-    """Validate the spec, train it, and map the outcome to an exit status."""
-    from trainer_core.run import run_job
-
-    try:
-        spec = load_spec_file(args.spec)
-    except SpecError as exc:
-        return _print_spec_error(exc)
-    except OSError as exc:
-        print(f"spec: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
-        return EXIT_REFUSED
-    bar = None if args.jsonl else ProgressBar()
-    sink: EventSink = stream_sink(sys.stdout) if bar is None else bar
-    try:
-        status = run_job(spec, args.output_dir, emit=sink, resume=args.resume,
-                         stop_file=args.stop_file, cache_dir=args.cache_dir)
-    except SpecError as exc:
-        return _print_spec_error(exc)
-    finally:
-        if bar is not None:
-            bar.close()
-    return exit_code(status)
+from trainer_core.cli import add_train_arguments, run_train
 
 
 def register(subparsers: Any) -> None:
     """Add ``train`` to the ``trainjobs`` command."""
     parser = subparsers.add_parser("train", help="train a job spec (YAML or JSON) on this machine")
-    parser.add_argument("spec", type=Path, help="job spec file, YAML or JSON")
-    parser.add_argument("--output-dir", type=Path, required=True, help="model, metrics and checkpoints go here")
-    parser.add_argument("--jsonl", action="store_true", help="print events as JSON lines instead of a bar")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    parser.add_argument("--stop-file", type=Path, help="stop gracefully once this file exists")
-    parser.add_argument("--cache-dir", type=Path, help="preprocessed-data cache (default: none)")
+    add_train_arguments(parser)
     parser.set_defaults(func=run_train)

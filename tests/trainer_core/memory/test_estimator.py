@@ -36,8 +36,8 @@ def test_devices_budget_and_overhead(make_spec: SpecFactory) -> None:
 
 
 def test_overhead_from_environment(make_spec: SpecFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRAINJOBS_MEMORY_OVERHEAD_BYTES", "12345")
-    assert estimate_memory(make_spec("text")).overhead_bytes == 12345
+    monkeypatch.setenv("TRAINJOBS_MEMORY_OVERHEAD_MB", "300")
+    assert estimate_memory(make_spec("text")).overhead_bytes == 300 * 1024**2
 
 
 def test_checkpointing_a_model_that_cannot_is_a_field_error(make_spec: SpecFactory) -> None:

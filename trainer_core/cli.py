@@ -1,0 +1,106 @@
+"""``python -m trainer_core SPEC --output-dir DIR``: run a job on this machine, no service needed.
+
+By default a progress bar with the live loss; ``--jsonl`` prints the run's events instead, one JSON
+object per line on stdout (what the worker parses). The exit status follows
+:data:`~trainer_core.events.RUN_EXIT_CODES` (0 succeeded, 1 failed, 3 cancelled), and is
+:data:`~trainer_core.events.EXIT_INVALID_SPEC` (2) for a spec that cannot run, each problem printed
+as ``field: message``. ``trainjobs train`` is this command under the trainjobs CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, Event, EventSink, stream_sink
+from trainer_core.spec import SpecError, load_spec_file
+
+
+class ProgressBar:
+    """An event sink that draws a tqdm bar, shows loss as it goes and prints evaluations."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def __call__(self, event: Event) -> None:
+        from tqdm import tqdm
+
+        kind = event["event"]
+        if kind == "progress":
+            if self._bar is None:
+                self._bar = tqdm(total=event["total_steps"], initial=event["step"] - 1, unit="step",
+                                 dynamic_ncols=True)
+            self._bar.update(event["step"] - self._bar.n)
+        elif kind == "metric" and self._bar is not None:
+            values = event["values"]
+            self._bar.set_postfix(loss=f"{values['loss']:.4f}" if values.get("loss") is not None else "nan")
+        elif kind == "eval":
+            shown = ", ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in event["values"].items()
+                              if isinstance(v, float))
+            tqdm.write(f"eval @ step {event['step']}: {shown}")
+        elif kind == "done":
+            self.close()
+            summary = event.get("summary") or {}
+            detail = summary.get("error") or ", ".join(
+                f"{k}={v:.4f}" for k, v in (summary.get("eval") or {}).items() if isinstance(v, float)
+            )
+            print(f"{event['status']}: {detail}" if detail else event["status"], file=sys.stderr)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _print_spec_error(exc: SpecError) -> int:
+    for error in exc.errors:
+        print(f"{error.field}: {error.message}", file=sys.stderr)
+    return EXIT_INVALID_SPEC
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a local run, shared by ``python -m trainer_core`` and ``trainjobs train``."""
+    parser.add_argument("spec", type=Path, help="job spec file, YAML or JSON")
+    parser.add_argument("--output-dir", type=Path, required=True, help="model, metrics and checkpoints go here")
+    parser.add_argument("--jsonl", action="store_true", help="print events as JSON lines instead of a bar")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument("--stop-file", type=Path, help="stop gracefully once this file exists")
+    parser.add_argument("--cache-dir", type=Path, help="preprocessed-data cache (default: none)")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Validate the spec, train it, and map the outcome to an exit status."""
+    from trainer_core.run import run_job  # torch loads here, not when the CLI builds its parser
+
+    try:
+        spec = load_spec_file(args.spec)
+    except SpecError as exc:
+        return _print_spec_error(exc)
+    except OSError as exc:
+        print(f"spec: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
+        return EXIT_INVALID_SPEC
+    bar = None if args.jsonl else ProgressBar()
+    sink: EventSink = stream_sink(sys.stdout) if bar is None else bar
+    try:
+        status = run_job(spec, args.output_dir, emit=sink, resume=args.resume,
+                         stop_file=args.stop_file, cache_dir=args.cache_dir)
+    except SpecError as exc:
+        return _print_spec_error(exc)
+    finally:
+        if bar is not None:
+            bar.close()
+    return RUN_EXIT_CODES[status]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainer_core``: parse the arguments and run the job."""
+    parser = argparse.ArgumentParser(prog="python -m trainer_core", description="train a job spec on this machine")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
+    return run_train(args)
