@@ -1,6 +1,6 @@
 """Run one job's training in its own process group and watch it until it ends.
 
-The run is the ``trainer_core`` CLI (``trainjobs train SPEC --jsonl``; it starts torchrun itself
+The run is the ``trainer_core`` CLI (``python -m trainer_core SPEC --jsonl``; it starts torchrun itself
 when the spec asks for several processes). Its stdout carries one JSON event per line, read as they
 come and handed to :class:`worker.ingest.EventIngestor`; its stderr goes to ``worker.log``.
 
