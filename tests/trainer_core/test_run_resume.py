@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from tests.trainer_core.runhelpers import (
     BACKENDS,
     assert_same_weights,
     cli_process,
+    done_event,
     events_until,
     finish,
     run,
@@ -85,3 +87,22 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_cancelled(tmp_p
     stopped_at = done["summary"]["global_step"]
     assert before[-1]["step"] <= stopped_at < TOTAL_STEPS
     assert f"checkpoint-{stopped_at}" in [p.name for p in complete_checkpoints(out)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_from_a_checkpoint_at_the_last_step_trains_no_extra_step(tmp_path: Path, backend: str) -> None:
+    # The run was killed after its last checkpoint and before it reported done.
+    spec = text_spec(tmp_path / "data", backend, n_train=32,
+                     training={"max_steps": 10, "per_device_train_batch_size": 8, "save_steps": 5})  # fmt: skip
+    status, _ = run(spec, tmp_path / "out")
+    assert status == "succeeded"
+    assert "checkpoint-10" in [p.name for p in complete_checkpoints(tmp_path / "out")]
+    shutil.copytree(tmp_path / "out", tmp_path / "reference")
+    (tmp_path / "out" / "metrics.json").unlink()
+
+    status, events = run(spec, tmp_path / "out", resume=True)
+    assert status == "succeeded"
+    assert [e for e in events.events if e["event"] == "progress"] == []  # was [11] with Trainer: 11/10
+    assert done_event(events)["summary"]["global_step"] == 10
+    assert_same_weights(tmp_path / "reference", tmp_path / "out", atol=0)

@@ -22,6 +22,7 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+from transformers.trainer import TRAINER_STATE_NAME
 
 from trainer_core.backends.common import (
     LENGTH_COLUMN,
@@ -37,7 +38,7 @@ from trainer_core.backends.common import (
 )
 from trainer_core.backends.context import BackendResult, RunContext
 from trainer_core.backends.sampling import EpochSampler, eval_order
-from trainer_core.checkpoint import TrainProgress, checkpoint_dir, write_meta
+from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, write_meta
 from trainer_core.metrics import compute_metrics
 from trainer_core.optimizers import build_optimizer
 
@@ -207,10 +208,10 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     # With tqdm off, Trainer prints every log dict to stdout, which is the event stream under --jsonl.
     trainer.remove_callback(PrinterCallback)
     started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
+    train_loss = _train_or_restore(trainer, ctx, plan.total_steps)
     runtime = time.perf_counter() - started
     global_step = trainer.state.global_step
-    train = train_summary(runtime, trainer.samples_seen * world_size(), output.metrics.get("train_loss"))
+    train = train_summary(runtime, trainer.samples_seen * world_size(), train_loss)
     if callback.cancelled:
         return BackendResult(status="cancelled", global_step=global_step, train=train)
     if data.eval is not None and callback.events.eval_step != global_step:
@@ -220,6 +221,21 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
         save_processor(data.processor, ctx.output_dir)
     final_eval = callback.events.last_eval
     return BackendResult(status="succeeded", global_step=global_step, eval_metrics=final_eval, train=train)
+
+
+def _train_or_restore(trainer: Trainer, ctx: RunContext, total_steps: int) -> float | None:
+    """Train (resuming when asked); the mean training loss of this session's steps.
+
+    A checkpoint taken at the last step (the run was killed before it reported done) is restored,
+    not trained from: Trainer checks ``max_steps`` only after a step, so it would train one too many.
+    """
+    if ctx.resume_from is not None and read_progress(ctx.resume_from).global_step >= total_steps:
+        trainer._load_from_checkpoint(str(ctx.resume_from))
+        trainer.state = TrainerState.load_from_json(str(ctx.resume_from / TRAINER_STATE_NAME))
+        return None
+    output = trainer.train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
+    loss = output.metrics.get("train_loss")
+    return float(loss) if loss is not None else None
 
 
 def _argmax_logits(logits: Any, labels: torch.Tensor) -> torch.Tensor:
