@@ -18,17 +18,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service_core.db.session import DATABASE_UNAVAILABLE
 from trainer_core.spec import FieldError, SpecError, field_errors
 
 logger = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 DATABASE_RETRY_AFTER_S = 5
-# Errors that say the database is unreachable or saturated, not that the request or a row is wrong.
-DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
+
 # Where FastAPI puts a parameter; not part of the field path a user would type.
 _REQUEST_PARTS = {"body", "query", "path", "header", "cookie"}
 

@@ -149,6 +149,11 @@ class ResourcesSpec(StrictModel):
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device memory budget checked against the estimate."
     )
+    max_restarts: int = Field(
+        default=2, ge=0, le=20,
+        description="Restarts after an infrastructure failure (the run process killed by a signal, its worker "
+        "lost), each resuming from the newest checkpoint. A user error (bad data, bad spec, NaN) never restarts.",
+    )  # fmt: skip
 
 
 class JobSpec(StrictModel):

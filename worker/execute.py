@@ -24,12 +24,18 @@ from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint
+from worker.db_retry import retry_database
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
 from worker.recovery import requeue_or_fail
+from worker.restarts import RESTARTABLE, max_restarts, restarts_used
 from worker.supervisor import supervise_run
 
 log = logging.getLogger(__name__)
+
+# How long a claim waits for an unavailable database before the delivery is given up (the job stays
+# queued; the sweep sends it again).
+CLAIM_BUDGET_S = 60.0
 
 
 def session_factory(settings: Settings) -> Callable[[], Any]:
@@ -67,13 +73,10 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     ``should_stop`` is the worker shutting down: the run checkpoints and the job goes back to the
     queue (``running -> queued``) to resume on the next worker, instead of being cancelled.
     """
-    with session_scope(settings.database_url) as session:
-        if not claim_job(session, job_id):
-            status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
-            log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)
-            return None
-        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        spec, estimate = dict(job.spec), job.estimate
+    claimed = retry_database(lambda: claim(job_id, settings), f"job {job_id}: claim", CLAIM_BUDGET_S)
+    if claimed is None:
+        return None
+    spec, estimate = claimed
     paths = run_paths(job_id, settings)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
@@ -89,9 +92,45 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
         outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
                              f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
     if outcome.stopped_by == ErrorReason.shutdown_requeue:
-        return requeue_after_shutdown(job_id, settings, paths, outcome)
+        requeue = lambda: requeue_after_shutdown(job_id, settings, paths, outcome)  # noqa: E731
+        return retry_database(requeue, f"job {job_id}: requeue")
+    if outcome.status == JobStatus.failed and outcome.reason in RESTARTABLE:
+        restarted = retry_database(lambda: restart(job_id, settings, paths, outcome, spec), f"job {job_id}: restart")
+        if restarted:
+            return JobStatus.queued.value
     store_artifacts(job_id, settings, paths)
-    return record_outcome(job_id, settings, outcome)
+    return retry_database(lambda: record_outcome(job_id, settings, outcome), f"job {job_id}: outcome")
+
+
+def claim(job_id: str, settings: Settings) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """Claim the job; its spec and estimate, or None when this delivery is not the one to run it."""
+    with session_scope(settings.database_url) as session:
+        if not claim_job(session, job_id):
+            status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
+            log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)
+            return None
+        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
+        return dict(job.spec), job.estimate
+
+
+def restart(job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome, spec: dict[str, Any]) -> bool:
+    """Requeue after an infrastructure failure while the job has restarts left (:mod:`worker.restarts`).
+
+    Without restarts left, ``outcome.message`` says so and the caller records the failure.
+    """
+    budget = max_restarts(spec)
+    with session_scope(settings.database_url) as session:
+        used = restarts_used(session, job_id)
+    if used >= budget:
+        outcome.message = f"{outcome.message} (no restarts left: resources.max_restarts is {budget})"
+        return False
+    checkpoint = newest_checkpoint(paths.output_dir)
+    start = f"from {checkpoint.name}" if checkpoint is not None else "from the start (no checkpoint yet)"
+    message = f"{outcome.message}; restarting {start}, restart {used + 1} of {budget}"
+    status = requeue_or_fail(job_id, settings, has_checkpoint=True, message=message,
+                             requeue_reason=ErrorReason.worker_lost)  # fmt: skip
+    log.warning("job %s: %s", job_id, message)
+    return status == JobStatus.queued.value
 
 
 def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome) -> str:

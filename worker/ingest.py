@@ -124,12 +124,14 @@ class EventIngestor:
         held = self.held_progress
         if not self.pending and held is None:
             return 0
-        batch, self.pending = self.pending, []
+        batch = list(self.pending)
         with self.session_factory() as session:
             self._write(session, batch)
             if held is not None:
                 # Not stored as a row yet (throttled), but the job's fields follow it already.
                 session.execute(update(Job).where(Job.id == self.job_id).values(**self._progress_fields(held)))
+        # Only now: a failed write (the database away) keeps the batch for the next try, in order.
+        del self.pending[: len(batch)]
         return len(batch)
 
     def _write(self, session: Session, batch: list[Event]) -> None:

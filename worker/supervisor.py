@@ -29,8 +29,10 @@ from sqlalchemy import select, update
 
 from service_core.db.base import utcnow
 from service_core.db.models import Job
+from service_core.db.session import DATABASE_UNAVAILABLE
 from service_core.status import ErrorReason
 from trainer_core.events import Event, parse_event_line
+from worker.db_retry import Backoff, retry_database
 from worker.ingest import EventIngestor, SessionFactory
 from worker.outcome import RunOutcome, classify_exit, stderr_tail
 from worker.paths import RunPaths
@@ -103,6 +105,8 @@ class RunWatch:
         self.kill_at: float | None = None
         self.log_start = 0
         self.chatter: deque[str] = deque(maxlen=2000)  # stray stdout lines, kept for the log
+        self.database = Backoff(f"job {job_id}")
+        self.next_poll = self.next_heartbeat = 0.0
 
     def start(self, resume: bool) -> subprocess.Popen[str]:
         paths = self.paths
@@ -124,7 +128,7 @@ class RunWatch:
     def run(self, resume: bool) -> int:
         """Watch the run to its end; returns its exit status (negative: killed by that signal)."""
         proc = self.start(resume)
-        next_poll = next_heartbeat = time.monotonic()
+        self.next_poll = self.next_heartbeat = time.monotonic()
         try:
             while True:
                 try:
@@ -138,16 +142,12 @@ class RunWatch:
                     break
                 self.handle_line(line)
                 now = time.monotonic()
-                if self.stopped_by is None and now >= next_poll:
-                    next_poll = now + CANCEL_POLL_S
-                    self.check_stop(proc, now)
+                if self.database.ready(now):
+                    self.database_work(proc, now)
                 if self.kill_at is not None and now >= self.kill_at and proc.poll() is None:
                     log.warning("job %s: run alive %.0fs after SIGTERM, killing its group", self.job_id, self.grace_s)
                     kill_group(proc.pid)
                     self.kill_at = None
-                if now >= next_heartbeat:
-                    next_heartbeat = now + HEARTBEAT_S
-                    self.heartbeat()
             return proc.wait()
         finally:
             self.finish(proc)
@@ -161,17 +161,41 @@ class RunWatch:
                 self.done = event
             else:
                 self.ingestor.add(event)
-        if self.ingestor.due():
-            self.ingestor.flush()
+
+    def database_work(self, proc: subprocess.Popen[str], now: float) -> None:
+        """Write due events, look for a stop, renew the heartbeat; a database outage only delays these.
+
+        The run keeps training meanwhile and its events wait in the ingestor: an outage of a minute
+        costs nothing but delay (retried with backoff, :mod:`worker.db_retry`).
+        """
+        try:
+            if self.ingestor.due():
+                self.ingestor.flush()
+            if self.stopped_by is None and now >= self.next_poll:
+                self.next_poll = now + CANCEL_POLL_S
+                self.check_stop(proc, now)
+            if now >= self.next_heartbeat:
+                self.heartbeat()
+                self.next_heartbeat = now + HEARTBEAT_S
+        except DATABASE_UNAVAILABLE as exc:
+            self.database.failed(now, exc)
+            if self.stopped_by is None and self.should_stop():
+                self.stop(proc, now, ErrorReason.shutdown_requeue)  # a shutdown needs no database
+            return
+        self.database.succeeded(now)
 
     def check_stop(self, proc: subprocess.Popen[str], now: float) -> None:
         """A user's cancel or the worker's shutdown: ask the run to checkpoint and stop."""
-        self.stopped_by = _stop_reason(self.session_factory, self.job_id, self.should_stop)
-        if self.stopped_by is not None:
-            log.info("job %s: stopping its run (%s)", self.job_id, self.stopped_by)
-            self.paths.stop_file.touch()
-            _signal(proc, signal.SIGTERM)
-            self.kill_at = now + self.grace_s
+        reason = _stop_reason(self.session_factory, self.job_id, self.should_stop)
+        if reason is not None:
+            self.stop(proc, now, reason)
+
+    def stop(self, proc: subprocess.Popen[str], now: float, reason: ErrorReason) -> None:
+        self.stopped_by = reason
+        log.info("job %s: stopping its run (%s)", self.job_id, reason)
+        self.paths.stop_file.touch()
+        _signal(proc, signal.SIGTERM)
+        self.kill_at = now + self.grace_s
 
     def heartbeat(self) -> None:
         # Recovery tells a live job from an orphan by this timestamp.
@@ -186,7 +210,11 @@ class RunWatch:
         # Sweep the group: dataloader workers or torchrun ranks must not outlive the run.
         kill_group(proc.pid)
         proc.wait()
-        self.ingestor.flush(final=True)
+        try:
+            retry_database(lambda: self.ingestor.flush(final=True), f"job {self.job_id}: final events")
+        except DATABASE_UNAVAILABLE:
+            log.error("job %s: the database stayed away; %d events not stored", self.job_id,
+                      len(self.ingestor.pending))  # fmt: skip
         if self.chatter:
             with self.paths.log_file.open("a", encoding="utf-8") as handle:
                 handle.writelines(self.chatter)

@@ -8,11 +8,15 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text, update
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from service_core.settings import get_settings
 
 CONNECT_TIMEOUT_S = 5
+# Errors that say the database is unreachable or saturated, not that a statement or a row is wrong:
+# the API answers them with 503, the worker rides them out (worker/db_retry.py).
+DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
 
 
 def make_engine(url: str, *, pool_size: int | None = None) -> Engine:

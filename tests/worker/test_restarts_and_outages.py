@@ -1,0 +1,148 @@
+"""Infrastructure failures resume, user errors do not; a database outage delays a run, never abandons it.
+
+Real parts: real training runs supervised by :func:`worker.execute.execute_job`, SIGKILLed as the
+host's OOM killer would; real PostgreSQL cut off behind a TCP proxy (issue 12: restart policy,
+database blips)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+
+from service_core.db import Base, JobEvent, MetricPoint
+from service_core.db.session import get_engine, session_scope
+from service_core.settings import Settings
+from service_core.status import ErrorReason
+from tests.faults.tcp_proxy import TcpProxy
+from trainer_core.events import make_event
+from worker.execute import execute_job, session_factory
+from worker.ingest import EventIngestor
+from worker.paths import run_paths
+
+from .conftest import JobFactory, create_pg_database, drop_pg_database, load_job, make_settings, quick_spec
+from .test_supervisor import start_in_thread, wait_for
+
+
+def kill_run_after(settings: Settings, job_id: str, step: int) -> None:
+    """SIGKILL the job's run process (only it: its supervisor lives on) once it reached ``step``."""
+    wait_for(lambda: load_job(settings, job_id).progress_step >= step, 120, f"step {step}")
+    os.kill(int(run_paths(job_id, settings).pid_file.read_text()), signal.SIGKILL)
+
+
+def status_events(settings: Settings, job_id: str) -> list[dict[str, object]]:
+    with session_scope(settings.database_url) as session:
+        rows = session.execute(
+            select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status").order_by(JobEvent.seq)
+        ).scalars()
+        return [dict(row) for row in rows]
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_checkpoint_until_its_restarts_are_spent(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    spec = quick_spec(sentiment_files, num_train_epochs=6, save_steps=2, logging_steps=2, eval_strategy="no")
+    spec["resources"] = {"max_restarts": 1}
+    job_id = make_job(sqlite_settings, spec)
+
+    thread, result = start_in_thread(job_id, sqlite_settings)
+    kill_run_after(sqlite_settings, job_id, 5)
+    thread.join(120)
+    assert result["status"] == "queued"  # back in the queue, not failed
+    requeue = status_events(sqlite_settings, job_id)[-1]
+    assert requeue["status"] == "queued" and requeue["reason"] == ErrorReason.worker_lost
+    assert "SIGKILL" in str(requeue["message"]) and "restart 1 of 1" in str(requeue["message"])
+    resumed_from = int(str(requeue["message"]).split("from checkpoint-")[1].split(",")[0])
+    assert resumed_from >= 4
+
+    # The next delivery resumes from the checkpoint (a second kill would now end the job: see below).
+    assert execute_job(job_id, sqlite_settings) == "succeeded"
+    job = load_job(sqlite_settings, job_id)
+    assert (job.status, job.attempts, job.progress_step) == ("succeeded", 2, job.progress_total)
+    with session_scope(sqlite_settings.database_url) as session:
+        steps = session.execute(
+            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
+            .order_by(MetricPoint.seq)
+        ).scalars().all()
+    assert steps[-1] == job.progress_total and max(steps) == job.progress_total
+
+    # Restarts spent: the same failure now ends the job, saying why.
+    spent = make_job(sqlite_settings, {**spec, "resources": {"max_restarts": 0}})
+    thread, result = start_in_thread(spent, sqlite_settings)
+    kill_run_after(sqlite_settings, spent, 2)
+    thread.join(120)
+    job = load_job(sqlite_settings, spent)
+    assert (result["status"], job.status, job.error_reason) == ("failed", "failed", ErrorReason.worker_lost)
+    assert "no restarts left: resources.max_restarts is 0" in (job.error_message or "")
+
+
+@pytest.fixture
+def proxied_pg_settings(tmp_path: Path) -> Iterator[tuple[Settings, TcpProxy]]:
+    name, url = create_pg_database("trainjobs_outage")
+    Base.metadata.create_all(get_engine(url))
+    get_engine(url).dispose()
+    home = tmp_path / "var"
+    home.mkdir()
+    try:
+        with TcpProxy(("127.0.0.1", 5432)) as proxy:
+            yield make_settings(home, DATABASE_URL=url.replace(":5432/", f":{proxy.port}/")), proxy
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.mark.postgres
+def test_ingestor_keeps_its_events_through_an_outage(
+    proxied_pg_settings: tuple[Settings, TcpProxy], make_job: JobFactory
+) -> None:
+    settings, proxy = proxied_pg_settings
+    job_id = make_job(settings, {"name": "outage"})
+    ingestor = EventIngestor(job_id, session_factory(settings), progress_rows_per_s=0)
+    ingestor.add(make_event("metric", step=1, values={"loss": 1.0}))
+    assert ingestor.flush() == 1
+    proxy.cut()
+    for step in (2, 3):
+        ingestor.add(make_event("metric", step=step, values={"loss": 1.0 / step}))
+    with pytest.raises(OperationalError):
+        ingestor.flush()
+    proxy.restore()
+    ingestor.add(make_event("metric", step=4, values={"loss": 0.25}))
+    assert ingestor.flush() == 3  # the failed batch, then the new event, in order
+    with session_scope(settings.database_url) as session:
+        steps = session.execute(
+            select(MetricPoint.step).where(MetricPoint.job_id == job_id).order_by(MetricPoint.seq)
+        ).scalars().all()
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_run_survives_a_database_outage_and_stores_every_event(
+    proxied_pg_settings: tuple[Settings, TcpProxy], make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    settings, proxy = proxied_pg_settings
+    spec = quick_spec(sentiment_files, num_train_epochs=6, eval_strategy="no")
+    job_id = make_job(settings, spec)
+    thread, result = start_in_thread(job_id, settings)
+    wait_for(lambda: load_job(settings, job_id).progress_step >= 3, 120, "the run to make progress")
+    proxy.cut()
+    run_pid = int(run_paths(job_id, settings).pid_file.read_text())
+    thread.join(8)  # the database stays away for 8 s while the run trains on
+    assert thread.is_alive(), "the supervisor gave up on a healthy run"
+    os.kill(run_pid, 0)  # the run itself is still there
+    proxy.restore()
+    thread.join(180)
+    assert result["status"] == "succeeded"
+    job = load_job(settings, job_id)
+    assert job.status == "succeeded" and job.progress_step == job.progress_total
+    with session_scope(settings.database_url) as session:
+        steps = session.execute(
+            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
+            .order_by(MetricPoint.seq)
+        ).scalars().all()
+    assert steps == list(range(1, job.progress_total + 1))  # no event lost or repeated across the outage

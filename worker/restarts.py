@@ -1,0 +1,39 @@
+"""Restart policy: infrastructure failures resume from the newest checkpoint, user errors never restart.
+
+A run process killed by a signal we did not send (the host's OOM killer, a preemption, an eviction)
+ends as ``worker_lost``; the job goes back to the queue and resumes, up to ``resources.max_restarts``
+times (what Determined calls ``max_restarts`` and Ray Train ``FailureConfig``). Bad data, a bad spec
+or a NaN loss would fail the same way again, so they end the job; an out-of-memory has a retry of
+its own that changes the configuration. Each restart is a ``queued`` status event with the reason
+and the message, so the job's history lists every attempt and why it ended.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service_core.db.models import JobEvent
+from service_core.status import ErrorReason, JobStatus
+from trainer_core.spec import ResourcesSpec
+
+RESTARTABLE = frozenset({ErrorReason.worker_lost})
+DEFAULT_MAX_RESTARTS: int = ResourcesSpec.model_fields["max_restarts"].default
+
+
+def max_restarts(spec: dict[str, Any]) -> int:
+    """The job's restart budget (specs stored before the field existed get the default)."""
+    value = (spec.get("resources") or {}).get("max_restarts", DEFAULT_MAX_RESTARTS)
+    return int(value)
+
+
+def restarts_used(session: Session, job_id: str) -> int:
+    """How often the job already went back to the queue after an infrastructure failure."""
+    statuses = session.execute(
+        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")
+    ).scalars()
+    return sum(
+        1 for data in statuses if data.get("status") == JobStatus.queued and data.get("reason") in RESTARTABLE
+    )
