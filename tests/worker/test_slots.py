@@ -3,6 +3,7 @@ worker's settings through their environment and stop on request."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -14,6 +15,14 @@ from .conftest import make_settings
 def environ_of(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM (the SigCgt mask in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
 
 
 def test_one_slot_per_gpu_with_its_device(tmp_path: Path) -> None:
@@ -30,7 +39,11 @@ def test_one_slot_per_gpu_with_its_device(tmp_path: Path) -> None:
         while not (tmp_path / "broker.db").exists():  # the slots connected to the embedded broker
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
             time.sleep(0.2)
-        time.sleep(3)  # and finished starting (signal handlers installed)
+        # ... and finished starting: Celery's SIGTERM handler (a warm shutdown) is installed. A fixed
+        # sleep here lost the race on a loaded machine.
+        while not all(catches_sigterm(p.pid) for p in procs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.2)
         assert all(p.poll() is None for p in procs)  # both slots are up and serving
     finally:
         stop_slots(procs, timeout_s=30)
