@@ -23,12 +23,12 @@ from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint
+from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint, read_progress
 from worker.db_retry import retry_database
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
 from worker.recovery import requeue_or_fail
-from worker.restarts import RESTARTABLE, max_restarts, restarts_used
+from worker.restarts import RESTARTABLE, max_restarts, restarts_used, rewind_metrics
 from worker.supervisor import supervise_run
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,8 @@ def restart(job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcom
         return False
     checkpoint = newest_checkpoint(paths.output_dir)
     start = f"from {checkpoint.name}" if checkpoint is not None else "from the start (no checkpoint yet)"
+    with session_scope(settings.database_url) as session:
+        rewind_metrics(session, job_id, read_progress(checkpoint).global_step if checkpoint is not None else 0)
     message = f"{outcome.message}; restarting {start}, restart {used + 1} of {budget}"
     status = requeue_or_fail(job_id, settings, has_checkpoint=True, message=message,
                              requeue_reason=ErrorReason.worker_lost)  # fmt: skip

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from service_core.db.models import JobEvent
+from service_core.db.models import JobEvent, MetricPoint
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.spec import ResourcesSpec
 
@@ -37,3 +37,15 @@ def restarts_used(session: Session, job_id: str) -> int:
     return sum(
         1 for data in statuses if data.get("status") == JobStatus.queued and data.get("reason") in RESTARTABLE
     )
+
+
+def rewind_metrics(session: Session, job_id: str, checkpoint_step: int) -> int:
+    """Drop the metric points an abandoned attempt logged after ``checkpoint_step``; how many.
+
+    The resumed run trains those steps again and logs them anew, so without this a step would have
+    two points (the curve would double back). The attempt's events stay in the history.
+    """
+    result = session.execute(
+        delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.step > checkpoint_step)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
