@@ -12,7 +12,6 @@ from fastapi.testclient import TestClient
 from api.routes.dashboard import STATIC_DIR
 
 
-
 def asset_urls(html: str) -> list[str]:
     return re.findall(r"""<(?:script|link)[^>]*(?:src|href)=["']([^"']+)["']""", html)
 

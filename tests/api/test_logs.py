@@ -41,7 +41,9 @@ def test_pages_by_offset_never_split_a_character(
     write_live_log(settings, job.id, TEXT)
     pieces, offset = [], 0
     while True:
-        page = client.get(f"/v1/jobs/{job.id}/logs", params={"offset": offset, "limit": 16}, headers=keys.auth(keys.alice))
+        page = client.get(
+            f"/v1/jobs/{job.id}/logs", params={"offset": offset, "limit": 16}, headers=keys.auth(keys.alice)
+        )
         assert page.status_code == 200, page.text
         body = page.json()
         assert body["offset"] == offset and body["complete"] is False  # still running
@@ -100,7 +102,9 @@ def test_a_job_with_no_output_yet_and_the_trio(client: TestClient, keys: Keys, s
     assert body == {"offset": 0, "next_offset": 0, "text": "", "complete": False}
     assert client.get("/v1/jobs/nope/logs", headers=keys.auth(keys.alice)).status_code == 404
     assert client.get(f"/v1/jobs/{job.id}/logs", headers=keys.auth(keys.bob)).status_code == 404
-    assert client.get(f"/v1/jobs/{job.id}/logs", params={"follow": "true"}, headers=keys.auth(keys.bob)).status_code == 404
+    assert (
+        client.get(f"/v1/jobs/{job.id}/logs", params={"follow": "true"}, headers=keys.auth(keys.bob)).status_code == 404
+    )
     assert client.get(f"/v1/jobs/{job.id}/logs").status_code == 401
     bad = client.get(f"/v1/jobs/{job.id}/logs", params={"offset": -1}, headers=keys.auth(keys.alice))
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "offset"

@@ -56,7 +56,9 @@ def test_thinning_one_name_and_appending_after(client: TestClient, keys: Keys, s
     assert [p["step"] for p in body["items"]] == list(range(1, 51))
     assert {p["name"] for p in body["items"]} == {"loss"}
     add_series(session, job.id, steps=3)
-    newer = client.get(f"/v1/jobs/{job.id}/metrics", params={"after": body["next_after"]}, headers=keys.auth(keys.alice))
+    newer = client.get(
+        f"/v1/jobs/{job.id}/metrics", params={"after": body["next_after"]}, headers=keys.auth(keys.alice)
+    )
     assert [p["seq"] for p in newer.json()["items"]] == [51, 51, 52, 52, 53, 53]
 
 
