@@ -152,3 +152,13 @@ def log_in(page: playwright_sync.Page, dev: DevService, hash_: str = "#/jobs") -
     page.fill("input[name=key]", dev.key)
     page.click("form.login button[type=submit]")
     page.wait_for_selector("#nav:not([hidden])")
+
+
+def wait_for_job(client: Client, job_id: str, done: Callable[[dict[str, object]], bool], timeout: float) -> dict:
+    """Poll the API until ``done(job)``; the job as last seen (the test asserts on it)."""
+    deadline = time.monotonic() + timeout
+    job = client.get(job_id)
+    while not done(job) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = client.get(job_id)
+    return job
