@@ -9,17 +9,21 @@ costs the browser a few thousand points; ``next_after`` lets it append new point
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import groupby
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import ClauseElement
 
 from api.deps import OwnedJob, SessionDep
 from api.schemas.common import problem_responses
 from api.schemas.jobs import MetricPage, MetricPointOut
 from service_core.db.models import Job, MetricPoint
+
+# Kept seqs fetched per query in pass 2 (well under SQLite's bound-parameter limit).
+SEQ_CHUNK = 2000
 
 router = APIRouter(prefix="/v1/jobs", tags=["metrics"], responses=problem_responses(401, 404, 422))
 
@@ -63,22 +67,55 @@ def job_metrics(
 
 def thinned_page(session: Session, job: Job, after: int, names: list[str] | None, max_points: int) -> MetricPage:
     """Every point after ``after`` of the chosen series, each series thinned to ``max_points``."""
-    columns = (MetricPoint.name, MetricPoint.seq, MetricPoint.step, MetricPoint.epoch, MetricPoint.value,
-               MetricPoint.time)  # fmt: skip
-    # Plain tuples, not ORM objects: 100,000 rows load in a fraction of the time.
-    query = select(*columns).where(MetricPoint.job_id == job.id, MetricPoint.seq > after)
+    # Pass 1, over every point: only (name, seq, value), in index order (job_id, seq), as plain
+    # tuples. Timestamps are what cost most to load (SQLite parses each one), so they wait for pass 2.
+    query = select(MetricPoint.name, MetricPoint.seq, MetricPoint.value).where(
+        MetricPoint.job_id == job.id, MetricPoint.seq > after
+    )
     if names:
         query = query.where(MetricPoint.name.in_(names))
-    rows = session.execute(query.order_by(MetricPoint.name, MetricPoint.seq)).all()
-    kept: list[Any] = []
+    series: dict[str, list[Any]] = {}
     last_seq = after
-    for _, series in groupby(rows, key=lambda row: row[0]):
-        points = list(series)
-        last_seq = max(last_seq, points[-1][1])
-        kept.extend(min_max_buckets(points, max_points, value_index=4))
-    kept.sort(key=lambda row: (row[1], row[0]))
-    items = [MetricPointOut(name=n, seq=s, step=st, epoch=e, value=v, time=t) for n, s, st, e, v, t in kept]
+    for row in fetch_tuples(session, query.order_by(MetricPoint.seq)):
+        series.setdefault(row[0], []).append(row)
+        last_seq = row[1]
+    kept = {
+        (row[0], row[1]) for points in series.values() for row in min_max_buckets(points, max_points, value_index=2)
+    }
+    # Pass 2, over the kept points only: their full rows.
+    items: list[MetricPointOut] = []
+    seqs = sorted({seq for _, seq in kept})
+    for start in range(0, len(seqs), SEQ_CHUNK):
+        chunk = seqs[start : start + SEQ_CHUNK]
+        rows = session.execute(
+            select(MetricPoint)
+            .where(MetricPoint.job_id == job.id, MetricPoint.seq.in_(chunk))
+            .order_by(MetricPoint.seq, MetricPoint.name)
+        ).scalars()
+        items += [
+            MetricPointOut(seq=r.seq, step=r.step, epoch=r.epoch, name=r.name, value=r.value, time=r.time)
+            for r in rows
+            if (r.name, r.seq) in kept
+        ]
     return MetricPage(items=items, next_after=last_seq, has_more=False)
+
+
+def fetch_tuples(session: Session, query: ClauseElement) -> list[tuple[Any, ...]]:
+    """``query``'s rows as the database driver's plain tuples (SQLite and PostgreSQL alike).
+
+    For the one query that reads every point of a long run: SQLAlchemy's Row objects cost more than
+    the database does (300,000 rows: ~1.2 s against ~0.45 s on the 2-core reference machine)."""
+    connection = session.connection()
+    compiled = cast(SQLCompiler, query.compile(dialect=connection.dialect, compile_kwargs={"render_postcompile": True}))
+    params: Any = compiled.params
+    if compiled.positional:
+        params = tuple(compiled.params[name] for name in compiled.positiontup or ())
+    cursor = connection.connection.cursor()
+    try:
+        cursor.execute(compiled.string, params)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
 
 
 def min_max_buckets(points: Sequence[Any], max_points: int, value_index: int) -> list[Any]:

@@ -44,7 +44,8 @@ export function createChart(host, { title, labels, smoothing = 0, log = false, n
     return {
       width: Math.max(240, plotHost.clientWidth || 480), height: 220, series,
       scales: { x: { time: false }, y: { distr: view.log ? 3 : 1 } },
-      axes: [{ label: "step", size: 36 }, { size: 60, values: (u, ticks) => ticks.map((t) => num(t, 3)) }],
+      // uPlot picks tick decimals from the tick spacing: 0.6931 and 0.6932 stay apart.
+      axes: [{ label: "step", size: 36 }, { size: 64 }],
       legend: { live: true }, cursor: { drag: { x: true, y: false } },
     };
   }

@@ -32,6 +32,9 @@ export function stackedBar(estimate) {
     bar.append(el("div.budget", { style: `left:${(100 * estimate.gpu_memory_bytes) / scale}%`,
       title: `GPU budget ${bytes(estimate.gpu_memory_bytes)}` }));
   }
+  if (estimate.gpu_memory_bytes) {
+    legend.append(el("li", {}, el("i", { style: "background:#111827;width:2px" }), `budget ${bytes(estimate.gpu_memory_bytes)}`));
+  }
   return el("div.memory-bar", {}, bar, legend);
 }
 
