@@ -138,7 +138,8 @@ def measure(url: str, job_id: str, runs: int) -> None:
                     performance.clearMarks(); performance.clearResourceTimings();
                     const t0 = performance.now();
                     location.hash = '#/jobs/' + id;
-                    while (!performance.getEntriesByName('tj-charts-drawn').length) await new Promise(r => setTimeout(r, 5));
+                    const drawnYet = () => performance.getEntriesByName('tj-charts-drawn').length;
+                    while (!drawnYet()) await new Promise(r => setTimeout(r, 5));
                     const drawn = performance.getEntriesByName('tj-charts-drawn')[0].startTime;
                     const fetch = performance.getEntriesByType('resource').find(e => e.name.includes('max_points'));
                     return [drawn - t0, fetch ? fetch.duration : null];

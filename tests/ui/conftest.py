@@ -100,6 +100,7 @@ class Watch:
 
     console_errors: list[str] = field(default_factory=list)
     outside_requests: list[str] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -109,11 +110,13 @@ def watch() -> Watch:
 
 @pytest.fixture
 def page(browser: playwright_sync.Browser, watch: Watch) -> Iterator[playwright_sync.Page]:
-    """A fresh context and page; after the test, no console error and no request off 127.0.0.1."""
+    """A fresh context and page; after the test: no console error, no request off 127.0.0.1, and the
+    key in no URL (it travels in the Authorization header only)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
 
     def guard(route: playwright_sync.Route) -> None:
         url = route.request.url
+        watch.urls.append(url)
         host = urlsplit(url).hostname
         if url.startswith(("data:", "blob:")) or host == "127.0.0.1":
             route.continue_()
@@ -130,6 +133,7 @@ def page(browser: playwright_sync.Browser, watch: Watch) -> Iterator[playwright_
     context.close()
     assert watch.outside_requests == [], "requests left 127.0.0.1"
     assert watch.console_errors == [], "console errors"
+    assert not [url for url in watch.urls if KEY in url], "the API key appeared in a URL"
 
 
 @pytest.fixture

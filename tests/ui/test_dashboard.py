@@ -48,6 +48,12 @@ def test_log_in_and_the_list_shows_the_job(page: Page, dev: DevService, jobs: di
     expect(row).to_contain_text("long-run")
     expect(row.locator(".badge")).to_have_text(re.compile("queued|running"))
     shot(page, "01-job-list")
+    # Kept for this tab only ("remember" was not ticked); logging out forgets it and asks again.
+    assert page.evaluate("sessionStorage.getItem('trainjobs.key')") == dev.key
+    assert page.evaluate("localStorage.getItem('trainjobs.key')") is None
+    page.click("#logout")
+    expect(page.locator("form.login")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('trainjobs.key')") is None
 
 
 def test_job_page_charts_grow_live_with_the_memory_bar(

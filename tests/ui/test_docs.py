@@ -29,7 +29,8 @@ def test_swagger_ui_offline_authorize_and_the_submit_example_succeeds(page: Page
     body = json.loads(submit.locator("textarea.body-param__text").input_value())
     assert body["model"]["name_or_path"] == "models/all-MiniLM-L6-v2"  # the example, unedited
     submit.locator("button.execute").click()
-    expect(submit.locator(".live-responses-table tbody .response-col_status").first).to_contain_text("201", timeout=60_000)
+    status = submit.locator(".live-responses-table tbody .response-col_status").first
+    expect(status).to_contain_text("201", timeout=60_000)
     shot(page, "09-docs-try-it-out")
     created = json.loads(submit.locator(".live-responses-table .microlight").first.inner_text())
     job = wait_for_job(dev.client(), created["id"], lambda j: j["finished_at"] is not None, timeout=300)
