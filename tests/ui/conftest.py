@@ -137,13 +137,13 @@ def page(browser: playwright_sync.Browser, watch: Watch) -> Iterator[playwright_
 
 
 @pytest.fixture
-def shot(tmp_path: Path) -> Callable[[playwright_sync.Page, str], Path]:
-    """shot(page, "name"): a full-page PNG in the test's folder, copied to out/screenshots/."""
+def shot(tmp_path: Path) -> Callable[..., Path]:
+    """shot(page, "name", full_page=True): a PNG in the test's folder, copied to out/screenshots/."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
 
-    def take(page: playwright_sync.Page, name: str) -> Path:
+    def take(page: playwright_sync.Page, name: str, full_page: bool = True) -> Path:
         path = tmp_path / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        page.screenshot(path=str(path), full_page=full_page)
         shutil.copyfile(path, SCREENSHOTS / path.name)
         return path
 

@@ -19,7 +19,7 @@ from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
 from tests.ui.conftest import DevService, log_in, wait_for_job
 
 pytestmark = pytest.mark.slow
-Shot = Callable[[Page, str], Path]
+Shot = Callable[..., Path]
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +130,7 @@ def test_submit_page_estimates_suggests_and_submits(
     }  # fmt: skip
     editor.fill(json.dumps(too_big, indent=2))
     expect(page.locator("[data-verdict]")).to_contain_text("does not fit", timeout=60_000)
+    assert dev.client().estimate(too_big, gpu_memory_gb=4)["estimate"]["fits"] is False
     suggestions = page.locator("[data-suggestions] li")
     expect(suggestions.first).to_contain_text("instead of")
     shot(page, "06-submit-does-not-fit")
@@ -137,8 +138,14 @@ def test_submit_page_estimates_suggests_and_submits(
     expect(page.locator("[data-verdict]")).to_contain_text("fits:", timeout=60_000)
     assert json.loads(editor.input_value())["training"]["per_device_train_batch_size"] < 32
 
-    editor.fill(json.dumps(tiny(files, "from-the-dashboard", epochs=2), indent=2))
-    expect(page.locator("[data-verdict]")).to_have_text(re.compile(r"^fits: "), timeout=60_000)
+    fitting = tiny(files, "from-the-dashboard", epochs=2)
+    editor.fill(json.dumps(fitting, indent=2))
+    expected = dev.client().estimate(fitting, gpu_memory_gb=4)["estimate"]
+    assert expected["fits"] is True
+    # The verdict shown is this spec's (not the one before the edit): same total as the API's.
+    expect(page.locator(f"[data-verdict][data-total='{expected['total_bytes']}']")).to_have_text(
+        re.compile(r"^fits: "), timeout=60_000
+    )
     shot(page, "07-submit-fits")
     page.click("button:has-text('Submit job')")
     page.wait_for_url("**/dashboard#/jobs/*")

@@ -14,7 +14,7 @@ from playwright.sync_api import Page, expect
 from tests.ui.conftest import DevService, wait_for_job
 
 pytestmark = pytest.mark.slow
-Shot = Callable[[Page, str], Path]
+Shot = Callable[..., Path]
 
 
 def test_swagger_ui_offline_authorize_and_the_submit_example_succeeds(page: Page, dev: DevService, shot: Shot) -> None:
@@ -31,7 +31,8 @@ def test_swagger_ui_offline_authorize_and_the_submit_example_succeeds(page: Page
     submit.locator("button.execute").click()
     status = submit.locator(".live-responses-table tbody .response-col_status").first
     expect(status).to_contain_text("201", timeout=60_000)
-    shot(page, "09-docs-try-it-out")
+    status.scroll_into_view_if_needed()
+    shot(page, "09-docs-try-it-out", full_page=False)
     created = json.loads(submit.locator(".live-responses-table .microlight").first.inner_text())
     job = wait_for_job(dev.client(), created["id"], lambda j: j["finished_at"] is not None, timeout=300)
     assert job["status"] == "succeeded", job["error"]
@@ -42,4 +43,4 @@ def test_redoc_renders_offline(page: Page, dev: DevService, shot: Shot) -> None:
     page.goto(f"{dev.url}/redoc")
     expect(page.locator("h1").first).to_contain_text("trainjobs", timeout=30_000)
     expect(page.locator("h2", has_text="Submit Job")).to_be_visible()
-    shot(page, "10-redoc")
+    shot(page, "10-redoc", full_page=False)

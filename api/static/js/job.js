@@ -30,7 +30,7 @@ function failurePanel(job) {
   if (!job.error || job.status === "succeeded") return null;
   return el(`div.failure.status-${job.status}`, { dataset: { failure: "" } },
     el("div.reason", {}, job.status === "failed" ? "Failed: " : `${job.status}: `, el("code", {}, job.error.reason || "unknown")),
-    el("pre.message", {}, job.error.message || "(no message)"));
+    job.error.message || job.status === "failed" ? el("pre.message", {}, job.error.message || "(no message)") : null);
 }
 
 function cancelControl(job, refresh) {

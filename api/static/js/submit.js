@@ -70,20 +70,27 @@ export async function mountSubmit(root, cloneId, signal) {
   }
 
   let seq = 0;
-  async function check() {
-    const spec = parsed();
-    if (!spec) { verdict.textContent = "…"; return; }
-    const mine = ++seq;
-    const body = { spec: Object.fromEntries(Object.entries(spec).filter(([k]) => !NOT_SPEC.includes(k))),
-      gpu_memory_gb: +gpu.value };
+  // The verdict on screen always belongs to the text on screen: cleared at once on every edit.
+  function stale() {
+    seq += 1;
     verdict.className = "verdict";
     verdict.textContent = "estimating…";
+    delete verdict.dataset.total;
+  }
+  async function check() {
+    const spec = parsed();
+    if (!spec) { stale(); verdict.textContent = "fix the JSON to see an estimate"; return; }
+    stale();
+    const mine = seq;
+    const body = { spec: Object.fromEntries(Object.entries(spec).filter(([k]) => !NOT_SPEC.includes(k))),
+      gpu_memory_gb: +gpu.value };
     try {
       const answer = await request("/v1/estimates/memory", { method: "POST", json: body, signal });
       if (mine !== seq) return;
       showErrors([]);
       const { estimate, plan } = answer;
       verdict.className = `verdict ${estimate.fits ? "fits" : "no-fit"}`;
+      verdict.dataset.total = String(estimate.total_bytes);
       verdict.textContent = `${estimate.fits ? "fits" : "does not fit"}: ${bytes(estimate.total_bytes)} of ${gpu.value} GB`;
       breakdown.replaceChildren(stackedBar(estimate));
       const entries = estimate.fits ? [] : plan?.entries || [];
@@ -119,7 +126,7 @@ export async function mountSubmit(root, cloneId, signal) {
     }
   }
   const later = debounce(check, 400);
-  editor.addEventListener("input", later);
+  editor.addEventListener("input", () => { stale(); later(); });
   gpu.addEventListener("change", check);
   showErrors([]);
   check();
