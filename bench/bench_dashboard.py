@@ -120,7 +120,21 @@ def page_weight_kb() -> tuple[float, float]:
     return js / 1024, css / 1024
 
 
-def measure(url: str, job_id: str, runs: int) -> None:
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time (user + system) used so far by the processes of group ``pgid`` (the API's)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+def measure(url: str, job_id: str, runs: int, api_pgid: int) -> None:
     with sync_playwright() as pw:
         args = ["--no-sandbox"] if os.geteuid() == 0 else []
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=args)
@@ -129,10 +143,12 @@ def measure(url: str, job_id: str, runs: int) -> None:
         page.fill("input[name=key]", KEY)
         page.click("form.login button[type=submit]")
         page.wait_for_selector("table.jobs")
-        times, fetches = [], []
+        times, fetches, cpu = [], [], []
         for _ in range(runs):
             page.evaluate("location.hash = '#/jobs'")
             page.wait_for_selector("table.jobs")
+            time.sleep(0.5)  # let the list's own requests finish before counting the API's CPU time
+            cpu_before = group_cpu_seconds(api_pgid)
             elapsed = page.evaluate(
                 """async (id) => {
                     performance.clearMarks(); performance.clearResourceTimings();
@@ -146,6 +162,7 @@ def measure(url: str, job_id: str, runs: int) -> None:
                 }""",
                 job_id,
             )
+            cpu.append(group_cpu_seconds(api_pgid) - cpu_before)
             times.append(elapsed[0] / 1000)
             fetches.append((elapsed[1] or 0) / 1000)
         points = page.eval_on_selector_all("[data-chart]", "els => els.map(e => [e.dataset.chart, +e.dataset.points])")
@@ -157,6 +174,8 @@ def measure(url: str, job_id: str, runs: int) -> None:
         f"median time to charts drawn: {median:.3f} s (goal < {GOAL_S:.1f} s): {'PASS' if median < GOAL_S else 'MISS'}"
     )
     print(f"of which the thinned metrics request: median {statistics.median(fetches):.3f} s")
+    print(f"API CPU time per page view (independent of other load): median {statistics.median(cpu):.3f} s")
+    print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("points drawn per chart:", ", ".join(f"{name} {n}" for name, n in points))
     print(f"page weight: {js_kb:.1f} KB JS, {css_kb:.1f} KB CSS (uncompressed, uPlot included)")
 
@@ -179,7 +198,7 @@ def main() -> None:
             started = time.monotonic()
             job_id = seed(url, database_url, args.steps)
             print(f"seeded {args.steps} steps x 3 metrics (+ evals) in {time.monotonic() - started:.1f} s")
-            measure(url, job_id, args.runs)
+            measure(url, job_id, args.runs, api.pid)
         finally:
             os.killpg(api.pid, signal.SIGTERM)
             api.wait(timeout=30)

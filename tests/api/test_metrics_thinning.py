@@ -7,7 +7,7 @@ import math
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.routes.metrics import min_max_buckets
+from api.routes.metrics import min_max_indices
 from service_core.db.models import MetricPoint
 from service_core.db.session import allocate_seqs
 from tests.api.conftest import Keys, add_job
@@ -72,11 +72,12 @@ def test_thinning_not_found_not_yours_and_bad_max_points(client: TestClient, key
 
 
 def test_min_max_buckets_keep_both_extremes_in_order() -> None:
-    points = [(i, float(v)) for i, v in enumerate([5, 1, 9, 5, 5, 5, -3, 5, 5, 5, 5, 7])]
-    kept = min_max_buckets(points, 6, value_index=1)
-    assert len(kept) <= 6
-    assert kept[0] == points[0] and kept[-1] == points[-1]
-    assert (6, -3.0) in kept and (2, 9.0) in kept
-    assert kept == sorted(kept)
-    gaps = [(i, None) for i in range(20)]
-    assert len(min_max_buckets(gaps, 6, value_index=1)) <= 6
+    values: list[float | None] = [5, 1, 9, 5, 5, 5, -3, 5, 5, 5, 5, 7]
+    kept = min_max_indices(values, 6)
+    assert len(kept) <= 6 and kept == sorted(kept)
+    assert kept[0] == 0 and kept[-1] == len(values) - 1
+    assert 6 in kept and 2 in kept  # the -3 and the 9
+    gaps: list[float | None] = [None] * 20
+    assert len(min_max_indices(gaps, 6)) <= 6
+    mixed: list[float | None] = [1.0, None, None, 8.0, None, 2.0, None, None, 0.5, 3.0]
+    assert {3, 8} <= set(min_max_indices(mixed, 6))
