@@ -170,3 +170,7 @@ def test_compare_overlays_two_jobs_and_lists_differing_fields(
     expect(diff).to_contain_text("training.num_train_epochs")
     expect(diff).to_contain_text("300")
     shot(page, "08-compare")
+    # Back in the list, the finished job has its loss sparkline.
+    page.click("#nav a[data-view=jobs]")
+    expect(page.locator(f"tr[data-job-id='{jobs['submitted']}'] svg.spark polyline")).to_have_count(1)
+    shot(page, "11-job-list-later")
