@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
-from tests.ui.conftest import DevService, log_in, wait_for_job
+from tests.ui.conftest import DevService, Watch, log_in, wait_for_job
 
 pytestmark = pytest.mark.slow
 Shot = Callable[..., Path]
@@ -117,7 +117,7 @@ def test_a_failed_job_shows_its_reason_and_whole_message(
 
 
 def test_submit_page_estimates_suggests_and_submits(
-    page: Page, dev: DevService, files: dict[str, str], jobs: dict[str, str], shot: Shot
+    page: Page, dev: DevService, files: dict[str, str], jobs: dict[str, str], shot: Shot, watch: Watch
 ) -> None:
     log_in(page, dev, f"#/submit/{jobs['long']}")  # clone: the editor starts from that job's spec
     editor = page.locator("textarea[name=spec]")
@@ -137,6 +137,15 @@ def test_submit_page_estimates_suggests_and_submits(
     suggestions.first.locator("button").click()  # one click applies the planner's change
     expect(page.locator("[data-verdict]")).to_contain_text("fits:", timeout=60_000)
     assert json.loads(editor.input_value())["training"]["per_device_train_batch_size"] < 32
+
+    # A bad field: the server's 422 names it; the page marks its line beside the text.
+    watch.expect_status("/v1/estimates/memory", 422)
+    bad = tiny(files, "bad-rate", epochs=1)
+    bad["training"]["learning_rate"] = -1
+    editor.fill(json.dumps(bad, indent=2))
+    expect(page.locator("[data-field-errors]")).to_contain_text("training.learning_rate", timeout=60_000)
+    line = json.dumps(bad, indent=2).splitlines().index('    "learning_rate": -1,') + 1
+    expect(page.locator("pre.gutter span.bad")).to_have_text(str(line))
 
     fitting = tiny(files, "from-the-dashboard", epochs=2)
     editor.fill(json.dumps(fitting, indent=2))

@@ -27,8 +27,20 @@ export async function mountSubmit(root, cloneId, signal) {
   } else {
     start = await exampleJob();
   }
-  const editor = el("textarea.editor", { spellcheck: false, name: "spec", rows: 30 });
+  const editor = el("textarea.editor", { spellcheck: false, name: "spec", rows: 30, wrap: "off" });
   editor.value = JSON.stringify(start, null, 2);
+  // Line numbers beside the text, with the lines a problem names marked: the error next to its field.
+  const gutter = el("pre.gutter", { ariaHidden: "true" });
+  let marked = new Map();
+  function drawGutter() {
+    const count = editor.value.split("\n").length;
+    gutter.replaceChildren(...Array.from({ length: count }, (_, i) => {
+      const problem = marked.get(i + 1);
+      return el(problem ? "span.bad" : "span", { title: problem || "" }, `${i + 1}\n`);
+    }));
+    gutter.scrollTop = editor.scrollTop;
+  }
+  editor.addEventListener("scroll", () => { gutter.scrollTop = editor.scrollTop; });
   const gpu = el("select", { name: "gpu" }, GPU_SIZES.map((g) => el("option", { value: g, selected: g === 16 }, `${g} GB`)));
   const errors = el("ul.field-errors", { dataset: { fieldErrors: "" } });
   const verdict = el("div.verdict", { dataset: { verdict: "" } }, "…");
@@ -39,7 +51,8 @@ export async function mountSubmit(root, cloneId, signal) {
   const upload = uploadBox(editor, () => check());
   root.replaceChildren(el("h2", {}, cloneId ? "Submit (cloned)" : "Submit a job"),
     el("div.submit-grid", {},
-      el("div", {}, el("p.muted", {}, "The job spec as JSON (fields as in the API docs)."), editor,
+      el("div", {}, el("p.muted", {}, "The job spec as JSON (fields as in the API docs)."),
+        el("div.editor-frame", {}, gutter, editor),
         el("div.toolbar", {}, submit, submitNote)),
       el("div", {}, el("div.card", {}, el("h3", {}, "Memory"), el("label", {}, "GPU memory per device ", gpu),
         verdict, breakdown, el("h4", {}, "Suggestions"), suggestions),
@@ -55,17 +68,21 @@ export async function mountSubmit(root, cloneId, signal) {
     }
   }
   function showErrors(list) {
+    marked = new Map();
     errors.replaceChildren(...list.map((e) => {
       const line = lineOf(editor.value, e.field);
+      if (line) marked.set(line, `${e.field}: ${e.message}`);
       return el("li", {}, el("code", {}, e.field || "spec"), line ? el("span.muted", {}, ` line ${line}`) : "", ": ", e.message);
     }));
     if (!list.length) errors.replaceChildren(el("li.muted", {}, "none"));
+    drawGutter();
   }
   function apply(changes) {
     const spec = parsed();
     if (!spec) return;
     for (const [path, value] of Object.entries(changes)) setPath(spec, path, value);
     editor.value = JSON.stringify(spec, null, 2);
+    drawGutter();
     check();
   }
 
@@ -126,7 +143,7 @@ export async function mountSubmit(root, cloneId, signal) {
     }
   }
   const later = debounce(check, 400);
-  editor.addEventListener("input", () => { stale(); later(); });
+  editor.addEventListener("input", () => { stale(); drawGutter(); later(); });
   gpu.addEventListener("change", check);
   showErrors([]);
   check();
