@@ -77,8 +77,14 @@ def test_job_page_charts_grow_live_with_the_memory_bar(
 def test_cancel_with_confirm_stops_the_running_job_and_logs_show_its_output(
     page: Page, dev: DevService, jobs: dict[str, str], shot: Shot
 ) -> None:
+    running = wait_for_job(dev.client(), jobs["long"], lambda j: j["progress"]["step"] > 0, timeout=120)
+    assert running["status"] == "running"  # (a queued job is cancelled at once, with no run to stop)
     log_in(page, dev, f"#/jobs/{jobs['long']}")
     page.click("button:has-text('Cancel')")
+    expect(page.locator(".cancel")).to_contain_text("Cancel this job?")
+    # The page polls the job (then its new points); the question stays open across a poll.
+    with page.expect_response(lambda r: f"/v1/jobs/{jobs['long']}/metrics?after=" in r.url):
+        pass
     expect(page.locator(".cancel")).to_contain_text("Cancel this job?")
     assert dev.client().get(jobs["long"])["cancel_requested"] is False  # nothing happens before "Yes"
     page.click("button:has-text('Yes, cancel')")

@@ -76,11 +76,22 @@ export async function mountJob(root, id, signal) {
     tabBar.append(el("a", { href: "#", dataset: { tab: name }, onclick: (e) => { e.preventDefault(); show(name); } }, name));
   }
 
+  let headerState = "";
   function render() {
+    // The header is rebuilt only when what it shows changes: a poll must not close an open
+    // "Cancel this job?" confirmation under the user's pointer.
+    const state = `${job.status}|${job.cancel_requested}`;
+    if (state !== headerState) renderHeader();
+    headerState = state;
+    renderBody();
+  }
+  function renderHeader() {
     header.replaceChildren(el("h2", {}, job.name, " ", statusBadge(job)),
       el("div.actions", {}, el("code.muted", {}, job.id), " ", cancelControl(job, refresh),
         el("a.button", { href: `#/submit/${job.id}` }, "Clone"),
         el("a.button", { href: `#/compare/${job.id}` }, "Compare…")));
+  }
+  function renderBody() {
     failure.replaceChildren(...[failurePanel(job)].filter(Boolean));
     const latest = Object.entries(job.final_metrics || job.latest_metrics || {}).filter(([, v]) => typeof v === "number");
     overview.replaceChildren(...[progressBlock(job),
