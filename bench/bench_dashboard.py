@@ -145,9 +145,11 @@ def measure(url: str, job_id: str, runs: int, api_pgid: int) -> None:
         page.wait_for_selector("table.jobs")
         times, fetches, cpu = [], [], []
         for _ in range(runs):
-            page.evaluate("location.hash = '#/jobs'")
-            page.wait_for_selector("table.jobs")
-            time.sleep(0.5)  # let the list's own requests finish before counting the API's CPU time
+            # From the compare page with nothing picked (one light request), not the list: the list
+            # would fetch this job's loss sparkline at the same time and compete with the page.
+            page.evaluate("location.hash = '#/compare'")
+            page.wait_for_selector("select[name=add]")
+            time.sleep(0.5)  # let that page's request finish before counting the API's CPU time
             cpu_before = group_cpu_seconds(api_pgid)
             elapsed = page.evaluate(
                 """async (id) => {

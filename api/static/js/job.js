@@ -51,6 +51,9 @@ function cancelControl(job, refresh) {
 
 /** Mount the page for job `id` into `root`; the signal ends everything it started. */
 export async function mountJob(root, id, signal) {
+  // The job and its (thinned) series in parallel: two round trips' time, not their sum.
+  const seriesLoad = loadSeries(id, signal);
+  seriesLoad.catch(() => {});  // awaited below; failures surface there
   let job = await request(`/v1/jobs/${id}`, { signal });
   const header = el("div.job-header");
   const failure = el("div");
@@ -80,9 +83,9 @@ export async function mountJob(root, id, signal) {
   function render() {
     // The header is rebuilt only when what it shows changes: a poll must not close an open
     // "Cancel this job?" confirmation under the user's pointer.
-    const state = `${job.status}|${job.cancel_requested}`;
-    if (state !== headerState) renderHeader();
-    headerState = state;
+    const shown = `${job.status}|${job.cancel_requested}`;
+    if (shown !== headerState) renderHeader();
+    headerState = shown;
     renderBody();
   }
   function renderHeader() {
@@ -131,7 +134,7 @@ export async function mountJob(root, id, signal) {
 
   render();
   show(tabs[active] ? active : "charts");
-  state = await loadSeries(id, signal);
+  state = await seriesLoad;
   updateCharts();
   // Marked once the frame with the charts is painted (bench/bench_dashboard.py measures up to here).
   await new Promise((resolve) => requestAnimationFrame(() => resolve()));
