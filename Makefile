@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint typecheck pytest venv clean bench
+.PHONY: run test lint typecheck pytest venv clean bench chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# The browser tests (tests/ui) drive the distribution's Chromium through Playwright (a dev extra);
+# Playwright's own browser download is often unreachable. Installed when missing and we are root.
+chromium:
+	@test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q chromium; }
+
+pytest: $(STAMP) chromium
 	$(BIN)/python -m pytest tests
 
 test: lint typecheck pytest

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import KeyCache
 from api.problems import install_problem_handlers
-from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
+from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, logs, metrics
 from api.routes.prometheus import install_metrics
 from api.uploads import UploadLimitMiddleware
 from service_core.artifacts import ArtifactStore
@@ -37,6 +37,7 @@ ROUTERS: list[APIRouter] = [
     jobs.router,
     events.router,
     metrics.router,
+    logs.router,
     artifacts.router,
     datasets.router,
     estimates.router,
@@ -95,6 +96,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Submit efficient PyTorch training jobs that are checked against GPU memory before they run.",
         version="0.1.0",
         lifespan=lifespan,
+        # /docs and /redoc are served from package files by api/routes/dashboard.py (FastAPI's own
+        # load Swagger UI and ReDoc from a CDN: blank pages on an air-gapped cluster).
+        docs_url=None,
+        redoc_url=None,
     )
     engine = make_engine(settings.database_url, pool_size=API_POOL_SIZE)
     app.state.settings = settings
@@ -107,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_problem_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    app.mount(dashboard.STATIC_URL, dashboard.static_files(), name="static")
     install_metrics(app)
     app.add_middleware(UploadLimitMiddleware, path="/v1/datasets", limit_bytes=settings.max_upload_mb * (1 << 20))
     return app

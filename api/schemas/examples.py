@@ -1,25 +1,30 @@
-"""Worked examples for the OpenAPI document: the issue-2 spec, adapted to paths under the data root."""
+"""Worked examples for the OpenAPI document, runnable as they stand against ``trainjobs dev --example``.
+
+The submit example names what that launcher places under the data root (``trainjobs.launcher.
+write_example``): the packaged MiniLM in ``models/all-MiniLM-L6-v2`` and the sentiment CSVs in
+``examples/``, so Swagger UI's "Try it out" gives a job that succeeds (one short epoch on 2 CPU cores).
+tests/ui/test_docs.py submits it through Swagger UI and waits for success.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-# Relative paths are read under DATA_ROOT (see api/paths.py), so this runs on any install that put
-# the model and the CSVs there.
+# Relative paths are read under DATA_ROOT (see api/paths.py): the launcher's layout, on any install.
 EXAMPLE_SPEC: dict[str, Any] = {
     "name": "reviews-minilm",
     "task": "text-classification",
-    "model": {"name_or_path": "models/all-minilm-l6-v2"},
+    "model": {"name_or_path": "models/all-MiniLM-L6-v2"},
     "dataset": {
         "path": "csv",
-        "data_files": {"train": "reviews/train.csv", "validation": "reviews/validation.csv"},
+        "data_files": {"train": "examples/sentiment-train.csv", "validation": "examples/sentiment-validation.csv"},
         "text_column": "text",
         "label_column": "label",
     },
-    "preprocessing": {"max_length": 64},
+    "preprocessing": {"max_length": 32},
     "training": {
         "backend": "accelerate",
-        "num_train_epochs": 2,
+        "num_train_epochs": 1,
         "per_device_train_batch_size": 16,
         "per_device_eval_batch_size": 32,
         "learning_rate": 5e-5,
@@ -27,7 +32,7 @@ EXAMPLE_SPEC: dict[str, Any] = {
         "lr_scheduler_type": "linear",
         "warmup_ratio": 0.0,
         "seed": 42,
-        "logging_steps": 5,
+        "logging_steps": 1,
         "eval_strategy": "epoch",
         "save_steps": 50,
         "save_total_limit": 2,
@@ -51,7 +56,7 @@ EXAMPLE_ESTIMATE_REQUEST: dict[str, Any] = {
         "name": "bert-large-budget",
         "task": "text-classification",
         "model": {"name_or_path": "bert-large-uncased"},
-        "dataset": {"path": "csv", "data_files": "reviews/train.csv"},
+        "dataset": {"path": "csv", "data_files": "examples/sentiment-train.csv"},
         "training": {"per_device_train_batch_size": 32},
         "optimizer": {"name": "adamw"},
         "preprocessing": {"max_length": 128},

@@ -1,0 +1,118 @@
+// Job page panels that do not chart: memory (estimate vs measured), spec, artifacts, logs.
+import { isFinished, readingOrder, request } from "./api.js";
+import { bytes, el, toYaml } from "./util.js";
+
+const PART_COLORS = ["#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#06b6d4", "#64748b", "#ec4899"];
+// Measured values the worker reports, next to the estimate's figure for the same quantity.
+const MEASURED = [
+  ["parameters", "parameter_bytes", "parameter_bytes"],
+  ["gradients", "gradient_bytes", "gradient_bytes"],
+  ["optimizer state", "optimizer_state_bytes", "optimizer_state_bytes"],
+  ["peak (GPU)", "peak_allocated_bytes", "total_bytes"],
+];
+
+/** The estimate's parts as one stacked bar (against the GPU budget when known) and a legend. */
+export function stackedBar(estimate) {
+  const parts = (estimate.parts || []).filter((p) => p.bytes > 0);
+  const total = estimate.total_bytes || parts.reduce((n, p) => n + p.bytes, 0);
+  const scale = Math.max(total, estimate.gpu_memory_bytes || 0) || 1;
+  const bar = el("div.stack", { dataset: { total: String(total) }, title: `estimate: ${bytes(total)}` });
+  const legend = el("ul.legend");
+  parts.forEach((part, i) => {
+    const color = PART_COLORS[i % PART_COLORS.length];
+    bar.append(el("div.part", {
+      style: `width:${(100 * part.bytes) / scale}%;background:${color}`,
+      title: `${part.name}: ${bytes(part.bytes)} (${part.formula || ""})`,
+      dataset: { part: part.name },
+    }));
+    legend.append(el("li", {}, el("i", { style: `background:${color}` }), `${part.name.replaceAll("_", " ")} `,
+      el("b", {}, bytes(part.bytes))));
+  });
+  if (estimate.gpu_memory_bytes) {
+    bar.append(el("div.budget", { style: `left:${(100 * estimate.gpu_memory_bytes) / scale}%`,
+      title: `GPU budget ${bytes(estimate.gpu_memory_bytes)}` }));
+  }
+  if (estimate.gpu_memory_bytes) {
+    legend.append(el("li", {}, el("i", { style: "background:#111827;width:2px" }), `budget ${bytes(estimate.gpu_memory_bytes)}`));
+  }
+  return el("div.memory-bar", {}, bar, legend);
+}
+
+export function memoryPanel(job) {
+  const estimate = job.estimate;
+  if (!estimate) return el("p.muted", {}, "No estimate stored for this job.");
+  const measured = job.memory?.measured || {};
+  const rows = MEASURED.map(([label, key, estKey]) => {
+    const m = measured[key], e = estimate[estKey];
+    const ratio = m != null && e ? m / e : null;
+    return el("tr", {}, el("td", {}, label), el("td", {}, bytes(e)), el("td", {}, m == null ? "not measured" : bytes(m)),
+      el("td", { className: ratio == null ? "" : Math.abs(ratio - 1) > 0.25 ? "warn" : "ok" },
+        ratio == null ? "–" : `${ratio.toFixed(2)}×`));
+  });
+  const verdict = estimate.fits == null ? "" : estimate.fits ? "fits" : "does not fit";
+  return el("div", {},
+    el("p", {}, "Estimated total ", el("b", { dataset: { estimateTotal: "" } }, bytes(estimate.total_bytes)),
+      estimate.gpu_memory_bytes ? ` of ${bytes(estimate.gpu_memory_bytes)} per device (${verdict})` : ""),
+    stackedBar(estimate),
+    el("table.measured", {}, el("thead", {}, el("tr", {}, ...["", "estimated", "measured", "measured / estimated"]
+      .map((h) => el("th", {}, h)))), el("tbody", {}, rows)));
+}
+
+export function specPanel(job) {
+  return el("pre.spec", {}, toYaml(readingOrder(job.spec)));
+}
+
+async function download(jobId, path) {
+  const response = await request(`/v1/jobs/${jobId}/artifacts/${path.split("/").map(encodeURIComponent).join("/")}`,
+    { raw: true });
+  const url = URL.createObjectURL(await response.blob());
+  const link = el("a", { href: url, download: path.split("/").pop() });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+export async function artifactsPanel(jobId, signal) {
+  const { items } = await request(`/v1/jobs/${jobId}/artifacts`, { signal });
+  if (!items.length) return el("p.muted", {}, "No artifacts yet: they are stored when the run ends.");
+  return el("table.artifacts", {}, el("tbody", {}, items.map((item) => el("tr", {},
+    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); download(jobId, item.path); } }, item.path)),
+    el("td.num", {}, bytes(item.size))))));
+}
+
+/** Progress bars redraw a line with "\r": keep what the terminal would show; drop colour codes. */
+export function terminalText(text) {
+  return text.replace(/\x1b\[[0-9;]*[A-Za-z]/g, "").split("\n")
+    .map((line) => line.replace(/\r+$/, "").split("\r").pop()).join("\n");
+}
+
+/** The run's output, polled from GET /logs?offset= and appended while the job runs. */
+export function logsPanel(jobId, getJob, signal) {
+  const pre = el("pre.logs", { dataset: { logs: "" } }, "");
+  const node = el("div", {}, pre);
+  let offset = 0, timer = null;
+  async function poll() {
+    try {
+      for (;;) {
+        const chunk = await request(`/v1/jobs/${jobId}/logs?offset=${offset}&limit=262144`, { signal });
+        const atBottom = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 40;
+        if (chunk.text) pre.append(terminalText(chunk.text));
+        offset = chunk.next_offset;
+        if (atBottom) pre.scrollTop = pre.scrollHeight;
+        if (chunk.complete) {
+          if (!offset) pre.textContent = "(this run wrote no output)";
+          return;
+        }
+        if (!chunk.text) break;
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      pre.append(`\n[could not read the log: ${error.message}]\n`);
+    }
+    if (!signal.aborted) timer = setTimeout(poll, isFinished(getJob()) ? 3000 : 1500);
+  }
+  poll();
+  signal.addEventListener("abort", () => clearTimeout(timer));
+  return node;
+}
