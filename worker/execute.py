@@ -21,6 +21,7 @@ from service_core.artifacts import ArtifactStore
 from service_core.db.jobstore import transition
 from service_core.db.models import Job
 from service_core.db.session import session_scope
+from service_core.runs import RUN_LOG_NAME
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint, read_progress
@@ -169,7 +170,7 @@ def store_artifacts(job_id: str, settings: Settings, paths: RunPaths) -> None:
         if paths.output_dir.is_dir():
             store.upload_dir(job_id, paths.output_dir, skip=(CHECKPOINT_PREFIX,))
         if paths.log_file.is_file():
-            target = f"{store.job_dir(job_id)}/worker.log"
+            target = f"{store.job_dir(job_id)}/{RUN_LOG_NAME}"
             store.fs.makedirs(store.job_dir(job_id), exist_ok=True)
             store.fs.put_file(str(paths.log_file), target)
     except OSError:

@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from service_core.runs import RUN_LOG_NAME, run_work_dir
 from service_core.settings import Settings
 
 
@@ -27,7 +28,7 @@ class RunPaths:
 
     @property
     def log_file(self) -> Path:
-        return self.work_dir / "worker.log"
+        return self.work_dir / RUN_LOG_NAME
 
     @property
     def pid_file(self) -> Path:
@@ -49,7 +50,7 @@ def is_local_root(root: str) -> bool:
 
 def run_paths(job_id: str, settings: Settings) -> RunPaths:
     """A local artifacts root is trained into directly; otherwise a working dir is uploaded at the end."""
-    work_dir = (settings.home / "runs" / job_id).resolve()
+    work_dir = run_work_dir(settings.home, job_id)
     root = settings.artifacts_root
     if is_local_root(root):
         output_dir = Path(root.removeprefix("file://")).resolve() / job_id

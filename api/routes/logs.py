@@ -26,11 +26,11 @@ from api.deps import OwnedJob, get_sessionmaker_for
 from api.schemas.common import problem_responses
 from service_core.artifacts import ArtifactStore
 from service_core.db.models import Job, JobStatus
+from service_core.runs import RUN_LOG_NAME, run_work_dir
 from service_core.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["logs"], responses=problem_responses(401, 404, 422))
 
-LOG_NAME = "worker.log"
 MAX_CHUNK = 256 * 1024
 FOLLOW_POLL_S = 0.5
 
@@ -43,16 +43,16 @@ class LogChunk(BaseModel):
 
 
 def live_log(settings: Settings, job_id: str) -> Path:
-    """The file the worker appends to while the run is alive (same layout as worker.execute)."""
-    return settings.home.resolve() / "runs" / job_id / LOG_NAME
+    """The file the worker appends to while the run is alive."""
+    return run_work_dir(settings.home, job_id) / RUN_LOG_NAME
 
 
 def open_log(settings: Settings, store: ArtifactStore, job_id: str) -> IO[bytes] | None:
     path = live_log(settings, job_id)
     if path.is_file():
         return path.open("rb")
-    if store.exists(job_id, LOG_NAME):
-        return store.open(job_id, LOG_NAME)
+    if store.exists(job_id, RUN_LOG_NAME):
+        return store.open(job_id, RUN_LOG_NAME)
     return None
 
 
