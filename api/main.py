@@ -19,11 +19,11 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import KeyCache
+from api.auth import AuthGateMiddleware, KeyCache
 from api.problems import install_problem_handlers
 from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
 from api.routes.prometheus import install_metrics
-from api.uploads import UploadLimitMiddleware
+from api.uploads import BodyLimitMiddleware
 from service_core.artifacts import ArtifactStore
 from service_core.db.session import make_engine
 from service_core.keys import ensure_bootstrap_key
@@ -108,7 +108,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     install_metrics(app)
-    app.add_middleware(UploadLimitMiddleware, path="/v1/datasets", limit_bytes=settings.max_upload_mb * (1 << 20))
+    app.add_middleware(
+        BodyLimitMiddleware,
+        upload_path="/v1/datasets",
+        upload_limit=settings.max_upload_mb * (1 << 20),
+        json_limit=settings.max_json_kb * 1024,
+    )
+    # Added last, so it runs first: no body is read before the key is checked.
+    app.add_middleware(AuthGateMiddleware)
     return app
 
 

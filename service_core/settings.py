@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     secret_key: str = Field(default=DEV_SECRET, validation_alias="TRAINJOBS_SECRET_KEY")
     api_key: str | None = Field(default=None, validation_alias="TRAINJOBS_API_KEY")
     max_upload_mb: int = Field(default=1024, ge=1, validation_alias="TRAINJOBS_MAX_UPLOAD_MB")
+    # Every other request body (job specs, estimates): refused with 413 before it is parsed.
+    max_json_kb: int = Field(default=1024, ge=1, validation_alias="TRAINJOBS_MAX_JSON_KB")
     # The broker must not redeliver a job while it still runs: visibility > the longest allowed job.
     max_job_hours: float = Field(default=72.0, gt=0, validation_alias="TRAINJOBS_MAX_JOB_HOURS")
     cancel_grace_seconds: float = Field(default=30.0, ge=0, validation_alias="TRAINJOBS_CANCEL_GRACE_SECONDS")
