@@ -12,13 +12,16 @@ lookup in exactly one hand-off.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from api.auth import CALLER_SCOPE_KEY, authenticate
 from api.problems import Problem, validation_problem
@@ -53,10 +56,22 @@ async def get_session_factory(request: Request) -> sessionmaker[Session]:
     return get_sessionmaker_for(request)
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    """One session per request; routes commit explicitly, anything left uncommitted is rolled back."""
-    with get_sessionmaker_for(request)() as session:
-        yield session
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """One session per request; routes commit explicitly, anything left uncommitted is rolled back.
+
+    A session keeps its connection from its first query until it closes, across the thread
+    hand-offs in between; without a bound, a burst of requests waiting for threads held more
+    sessions than the pool has connections and some failed after the pool timeout (500s). So
+    sessions wait for one of ``app.state.session_slots`` (a number the pool is sized for), and
+    the wait holds nothing.
+    """
+    slots: anyio.CapacityLimiter | None = getattr(request.app.state, "session_slots", None)
+    async with slots or contextlib.nullcontext():
+        session = get_sessionmaker_for(request)()
+        try:
+            yield session
+        finally:
+            await run_in_threadpool(session.close)
 
 
 async def get_artifact_store(request: Request) -> ArtifactStore:

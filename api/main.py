@@ -23,6 +23,7 @@ from api.auth import AuthGateMiddleware, KeyCache
 from api.problems import install_problem_handlers
 from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
 from api.routes.prometheus import install_metrics
+from api.streams import StreamSlots
 from api.uploads import BodyLimitMiddleware
 from service_core.artifacts import ArtifactStore
 from service_core.db.session import make_engine
@@ -50,9 +51,17 @@ API_THREADS = 4
 # Uploads copy, hash and unpack for as long as the file takes: threads of their own, so a few large
 # uploads never hold the threads every other route needs (api/routes/datasets.py).
 UPLOAD_THREADS = 2
-# Connections kept open: one per thread (a thread uses one at a time), so that a burst reuses them
-# instead of opening and closing a PostgreSQL connection per request beyond the pool.
-API_POOL_SIZE = API_THREADS + UPLOAD_THREADS
+# Event-stream polls: threads of their own, so many open streams never queue in front of the
+# requests every other route serves (api/routes/events.py).
+STREAM_THREADS = 2
+# /readyz checks the database and the broker on a thread of its own: it answers while all else is busy.
+READY_THREADS = 1
+# Request sessions open at once (api/deps.get_db); each holds a connection from its first query.
+SESSION_SLOTS = 2 * API_THREADS
+# Connections kept open: every user of the pool is bounded (each thread uses at most one at a time,
+# request sessions by SESSION_SLOTS), so no request waits for a connection or times out on one, and
+# a burst reuses them instead of opening and closing a PostgreSQL connection per request.
+API_POOL_SIZE = API_THREADS + UPLOAD_THREADS + STREAM_THREADS + READY_THREADS + SESSION_SLOTS
 
 
 def _warm_up(done: threading.Event) -> None:
@@ -80,6 +89,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
     app.state.upload_limiter = anyio.CapacityLimiter(UPLOAD_THREADS)
+    app.state.stream_limiter = anyio.CapacityLimiter(STREAM_THREADS)
+    app.state.ready_limiter = anyio.CapacityLimiter(READY_THREADS)
+    app.state.session_slots = anyio.CapacityLimiter(SESSION_SLOTS)
     await run_in_threadpool(bootstrap)
     threading.Thread(target=_warm_up, args=(app.state.warmed_up,), name="trainjobs-warm-up", daemon=True).start()
     yield
@@ -102,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
     app.state.artifacts = ArtifactStore(settings.artifacts_root)
     app.state.key_cache = KeyCache(settings.auth_cache_seconds)
+    app.state.stream_slots = StreamSlots(settings.max_streams_per_owner, settings.max_streams)
     # Set once the warm-up imports are done (readyz reports it; the first submit no longer waits).
     app.state.warmed_up = threading.Event()
     install_problem_handlers(app)

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias="TRAINJOBS_MEMORY_OVERHEAD_MB")
     # How long an API process trusts a key it has checked; a revocation takes effect within this time.
     auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
+    # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
+    max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
+    max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")
 
     @field_validator("queue_budgets", mode="before")
     @classmethod
