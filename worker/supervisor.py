@@ -34,6 +34,7 @@ from service_core.db.models import Job
 from trainer_core.events import Event, parse_event_line
 from worker.ingest import EventIngestor, SessionFactory
 from worker.outcome import RunOutcome, classify_exit, stderr_tail
+from worker.run_env import run_env
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class RunWatch:
         paths.work_dir.mkdir(parents=True, exist_ok=True)
         paths.output_dir.mkdir(parents=True, exist_ok=True)
         paths.stop_file.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**run_env(os.environ), "PYTHONUNBUFFERED": "1"}  # no service secrets (worker/run_env.py)
         with paths.log_file.open("ab") as log_handle:
             self.log_start = log_handle.tell()
             proc = subprocess.Popen(
