@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
     max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
     max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")
+    # When set, GET /metrics needs `Authorization: Bearer <this token>` (unset: open, keep it private).
+    metrics_token: str | None = Field(default=None, validation_alias="TRAINJOBS_METRICS_TOKEN")
 
     @field_validator("queue_budgets", mode="before")
     @classmethod
