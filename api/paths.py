@@ -38,13 +38,30 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 FOLDER_FORMATS = frozenset({"imagefolder", "audiofolder"})
 
 
+# Cloud metadata services by name (they answer at link-local addresses that the worker's resolver
+# may know while this process cannot resolve them): credentials live there.
+METADATA_HOSTS = frozenset(
+    {"metadata", "metadata.google.internal", "metadata.goog", "instance-data", "instance-data.ec2.internal",
+     "metadata.azure.com", "metadata.packet.net", "metadata.platformequinix.com", "169.254.169.254.nip.io"}
+)  # fmt: skip
+# Suffixes that only name hosts on a private network (RFC 6761/6762/8375 and cluster DNS).
+INTERNAL_SUFFIXES = (".internal", ".local", ".localdomain", ".lan", ".home.arpa", ".svc", ".cluster.local", ".intranet")
+
+
 def address_problem(host: str) -> str | None:
     """Why ``host`` must not be fetched by a worker (loopback, private, link-local...), or None."""
-    name = host.strip("[]").lower()
+    name = host.strip("[]").lower().rstrip(".")
     if not name:
         return "has no host"
     if name == "localhost" or name.endswith(".localhost"):
         return "points at this machine"
+    if name in METADATA_HOSTS:
+        return "is a cloud metadata service"
+    if name.endswith(INTERNAL_SUFFIXES):
+        return "is a private network name"
+    if "." not in name and ":" not in name and not name.isdigit():
+        # A single label is resolved through the worker's search domains: an internal service.
+        return "is a single-label (internal) name; use a fully qualified public host"
     try:
         addresses = [ipaddress.ip_address(name)]
     except ValueError:
