@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import AuthGateMiddleware, KeyCache
 from api.problems import install_problem_handlers
+from api.quotas import QuotaMiddleware, RateLimiter
 from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
 from api.routes.prometheus import install_metrics
 from api.streams import StreamSlots
@@ -115,6 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.artifacts = ArtifactStore(settings.artifacts_root)
     app.state.key_cache = KeyCache(settings.auth_cache_seconds)
     app.state.stream_slots = StreamSlots(settings.max_streams_per_owner, settings.max_streams)
+    app.state.rate_limiter = RateLimiter({"submit": settings.submits_per_minute, "upload": settings.uploads_per_minute})
     # Set once the warm-up imports are done (readyz reports it; the first submit no longer waits).
     app.state.warmed_up = threading.Event()
     install_problem_handlers(app)
@@ -127,7 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upload_limit=settings.max_upload_mb * (1 << 20),
         json_limit=settings.max_json_kb * 1024,
     )
-    # Added last, so it runs first: no body is read before the key is checked.
+    # Added last, so they run first: no body is read before the key and the caller's rate are checked.
+    app.add_middleware(QuotaMiddleware)
     app.add_middleware(AuthGateMiddleware)
     return app
 

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
     max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")
     # When set, GET /metrics needs `Authorization: Bearer <this token>` (unset: open, keep it private).
+    # Per-owner quotas (0: none). Rates are per API process; over a quota: 429 with Retry-After.
+    max_queued_per_owner: int = Field(default=10_000, ge=0, validation_alias="TRAINJOBS_MAX_QUEUED_PER_OWNER")
+    submits_per_minute: int = Field(default=3000, ge=0, validation_alias="TRAINJOBS_SUBMITS_PER_MINUTE")
+    uploads_per_minute: int = Field(default=60, ge=0, validation_alias="TRAINJOBS_UPLOADS_PER_MINUTE")
     metrics_token: str | None = Field(default=None, validation_alias="TRAINJOBS_METRICS_TOKEN")
 
     @field_validator("queue_budgets", mode="before")

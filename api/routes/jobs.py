@@ -27,6 +27,7 @@ from api.deps import (
 from api.estimation import estimate_for_submit
 from api.paths import check_spec_locations, resolve_uploaded_dataset
 from api.problems import Problem
+from api.quotas import check_queued_quota
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut, JobSummary
 from service_core.db.jobstore import insert_job, transition
@@ -42,7 +43,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
-    responses=problem_responses(503),
+    responses=problem_responses(413, 429, 503),
 )
 async def submit_job(
     body: JobCreate,
@@ -82,6 +83,7 @@ def create_job(
     estimate = estimate_for_submit(spec, queue, settings)
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        check_queued_quota(conn, caller.owner, settings.max_queued_per_owner)
         job = insert_job(
             conn,
             owner=caller.owner,
