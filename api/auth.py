@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.problems import Problem, problem_response
-from service_core.keys import Caller, authenticate_hash, hash_key
+from service_core.keys import Caller, authenticate_hash, hash_key, touch_api_key
 
 
 class KeyCache:
@@ -78,9 +78,16 @@ async def authenticate(app: Any, key: str | None) -> Caller:
 
 
 def lookup_caller(engine: Engine, key_hash: str) -> Caller | None:
-    """One autocommit query on a pooled connection: no session, no BEGIN/ROLLBACK round trips."""
+    """Autocommit statements on a pooled connection: no session, no BEGIN/ROLLBACK round trips.
+
+    Only a cache miss gets here, so ``last_used_at`` is recorded at most once per cache period
+    (and at most once a minute) per key and API process, not on every request.
+    """
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        return authenticate_hash(conn, key_hash)
+        caller = authenticate_hash(conn, key_hash)
+        if caller is not None:
+            touch_api_key(conn, caller.key_id)
+        return caller
 
 
 class AuthGateMiddleware:

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import AuthGateMiddleware, KeyCache
 from api.problems import install_problem_handlers
 from api.quotas import QuotaMiddleware, RateLimiter
-from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
+from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, keys, metrics
 from api.routes.prometheus import install_metrics
 from api.streams import StreamSlots
 from api.uploads import BodyLimitMiddleware
@@ -42,6 +42,7 @@ ROUTERS: list[APIRouter] = [
     artifacts.router,
     datasets.router,
     estimates.router,
+    keys.router,
 ]
 
 # Threads each API process runs blocking request work on (anyio's default: 40). The work is short

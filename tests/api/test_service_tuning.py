@@ -33,7 +33,9 @@ def test_a_server_database_pool_keeps_a_connection_per_thread(client: TestClient
     assert pool.size() == (API_POOL_SIZE if url.startswith("postgresql") else 5)
 
 
-def test_uploads_run_on_threads_of_their_own(client: TestClient, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_uploads_run_on_threads_of_their_own(
+    client: TestClient, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = client.app
     seen: list[tuple[float, float]] = []
     real_store = datasets.store_upload
