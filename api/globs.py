@@ -20,8 +20,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 GLOB_CHARS = frozenset("*?[]")
 _REFUSED = re.compile(r"[{}]|%[0-9A-Fa-f]{2}|::")
-# A pattern matching more files than this is refused rather than checked file by file.
-MAX_MATCHES = 10_000
+# A pattern matching (or a folder holding) more entries than this is refused rather than checked
+# entry by entry; uploads are exempt (they hold no links to check).
+MAX_MATCHES = 100_000
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def local_problem(path: str, roots: Roots, *, tree: bool) -> str | None:
         problem = roots.readable(real_base)
     if problem is not None:
         return problem
+    if under(real_base, roots.uploads):
+        return None  # uploads hold no links (api/uploads.py refuses them): nothing more to resolve
     if not pattern:
         return _links_problem(real_base, roots) if os.path.isdir(real_base) else None
     try:
