@@ -12,20 +12,22 @@ lookup in exactly one hand-off.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import KeyCache
+from api.auth import CALLER_SCOPE_KEY, authenticate
 from api.problems import Problem, validation_problem
 from service_core.artifacts import ArtifactStore
 from service_core.db.models import Dataset, Job
-from service_core.keys import Caller, authenticate_hash, hash_key
+from service_core.keys import Caller
 from service_core.settings import Settings
 from trainer_core.spec import FieldError
 
@@ -54,10 +56,22 @@ async def get_session_factory(request: Request) -> sessionmaker[Session]:
     return get_sessionmaker_for(request)
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    """One session per request; routes commit explicitly, anything left uncommitted is rolled back."""
-    with get_sessionmaker_for(request)() as session:
-        yield session
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """One session per request; routes commit explicitly, anything left uncommitted is rolled back.
+
+    A session keeps its connection from its first query until it closes, across the thread
+    hand-offs in between; without a bound, a burst of requests waiting for threads held more
+    sessions than the pool has connections and some failed after the pool timeout (500s). So
+    sessions wait for one of ``app.state.session_slots`` (a number the pool is sized for), and
+    the wait holds nothing.
+    """
+    slots: anyio.CapacityLimiter | None = getattr(request.app.state, "session_slots", None)
+    async with slots or contextlib.nullcontext():
+        session = get_sessionmaker_for(request)()
+        try:
+            yield session
+        finally:
+            await run_in_threadpool(session.close)
 
 
 async def get_artifact_store(request: Request) -> ArtifactStore:
@@ -88,32 +102,19 @@ ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifact_store)]
 EnqueueDep = Annotated[Enqueuer, Depends(get_enqueuer)]
 
 bearer_scheme = HTTPBearer(auto_error=False, description="An API key from `trainjobs keys create`.")
-_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="trainjobs"'}
-
-
-def lookup_caller(engine: Engine, key_hash: str) -> Caller | None:
-    """One autocommit query on a pooled connection: no session, no BEGIN/ROLLBACK round trips."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        return authenticate_hash(conn, key_hash)
 
 
 async def get_caller(
     request: Request,
-    settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Caller:
-    """The caller behind ``Authorization: Bearer <key>``; 401 problem when missing or wrong."""
-    if credentials is None or not credentials.credentials:
-        raise Problem(401, "send `Authorization: Bearer <api key>`", headers=_CHALLENGE)
-    key_hash = hash_key(credentials.credentials, settings.secret_key)
-    cache: KeyCache = request.app.state.key_cache
-    caller = cache.get(key_hash)
+    """The caller behind ``Authorization: Bearer <key>``; 401 problem when missing or wrong.
+
+    ``/v1/`` requests were authenticated by ``AuthGateMiddleware`` before their body was read.
+    """
+    caller: Caller | None = request.scope.get(CALLER_SCOPE_KEY)
     if caller is None:
-        engine: Engine = request.app.state.engine
-        caller = await run_in_threadpool(lookup_caller, engine, key_hash)
-        if caller is None:
-            raise Problem(401, "the API key is unknown or revoked", headers=_CHALLENGE)
-        cache.put(key_hash, caller)
+        caller = await authenticate(request.app, credentials.credentials if credentials else None)
     return caller
 
 

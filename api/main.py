@@ -19,11 +19,13 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import KeyCache
+from api.auth import AuthGateMiddleware, KeyCache
 from api.problems import install_problem_handlers
-from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, logs, metrics
+from api.quotas import QuotaMiddleware, RateLimiter
+from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, keys, logs, metrics
 from api.routes.prometheus import install_metrics
-from api.uploads import UploadLimitMiddleware
+from api.streams import StreamSlots
+from api.uploads import BodyLimitMiddleware
 from service_core.artifacts import ArtifactStore
 from service_core.db.session import make_engine
 from service_core.keys import ensure_bootstrap_key
@@ -41,6 +43,7 @@ ROUTERS: list[APIRouter] = [
     artifacts.router,
     datasets.router,
     estimates.router,
+    keys.router,
 ]
 
 # Threads each API process runs blocking request work on (anyio's default: 40). The work is short
@@ -51,9 +54,17 @@ API_THREADS = 4
 # Uploads copy, hash and unpack for as long as the file takes: threads of their own, so a few large
 # uploads never hold the threads every other route needs (api/routes/datasets.py).
 UPLOAD_THREADS = 2
-# Connections kept open: one per thread (a thread uses one at a time), so that a burst reuses them
-# instead of opening and closing a PostgreSQL connection per request beyond the pool.
-API_POOL_SIZE = API_THREADS + UPLOAD_THREADS
+# Event-stream polls: threads of their own, so many open streams never queue in front of the
+# requests every other route serves (api/routes/events.py).
+STREAM_THREADS = 2
+# /readyz checks the database and the broker on a thread of its own: it answers while all else is busy.
+READY_THREADS = 1
+# Request sessions open at once (api/deps.get_db); each holds a connection from its first query.
+SESSION_SLOTS = 2 * API_THREADS
+# Connections kept open: every user of the pool is bounded (each thread uses at most one at a time,
+# request sessions by SESSION_SLOTS), so no request waits for a connection or times out on one, and
+# a burst reuses them instead of opening and closing a PostgreSQL connection per request.
+API_POOL_SIZE = API_THREADS + UPLOAD_THREADS + STREAM_THREADS + READY_THREADS + SESSION_SLOTS
 
 
 def _warm_up(done: threading.Event) -> None:
@@ -81,6 +92,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
     app.state.upload_limiter = anyio.CapacityLimiter(UPLOAD_THREADS)
+    app.state.stream_limiter = anyio.CapacityLimiter(STREAM_THREADS)
+    app.state.ready_limiter = anyio.CapacityLimiter(READY_THREADS)
+    app.state.session_slots = anyio.CapacityLimiter(SESSION_SLOTS)
     await run_in_threadpool(bootstrap)
     threading.Thread(target=_warm_up, args=(app.state.warmed_up,), name="trainjobs-warm-up", daemon=True).start()
     yield
@@ -107,6 +121,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
     app.state.artifacts = ArtifactStore(settings.artifacts_root)
     app.state.key_cache = KeyCache(settings.auth_cache_seconds)
+    app.state.stream_slots = StreamSlots(settings.max_streams_per_owner, settings.max_streams)
+    app.state.rate_limiter = RateLimiter({"submit": settings.submits_per_minute, "upload": settings.uploads_per_minute})
     # Set once the warm-up imports are done (readyz reports it; the first submit no longer waits).
     app.state.warmed_up = threading.Event()
     install_problem_handlers(app)
@@ -114,7 +130,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.mount(dashboard.STATIC_URL, dashboard.static_files(), name="static")
     install_metrics(app)
-    app.add_middleware(UploadLimitMiddleware, path="/v1/datasets", limit_bytes=settings.max_upload_mb * (1 << 20))
+    app.add_middleware(
+        BodyLimitMiddleware,
+        upload_path="/v1/datasets",
+        upload_limit=settings.max_upload_mb * (1 << 20),
+        json_limit=settings.max_json_kb * 1024,
+    )
+    # Added last, so they run first: no body is read before the key and the caller's rate are checked.
+    app.add_middleware(QuotaMiddleware)
+    app.add_middleware(AuthGateMiddleware)
     return app
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from api.globs import Roots, local_problem
 from api.uploads import UPLOADS_DIR
 from service_core.db.models import Dataset
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
@@ -37,13 +38,30 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 FOLDER_FORMATS = frozenset({"imagefolder", "audiofolder"})
 
 
+# Cloud metadata services by name (they answer at link-local addresses that the worker's resolver
+# may know while this process cannot resolve them): credentials live there.
+METADATA_HOSTS = frozenset(
+    {"metadata", "metadata.google.internal", "metadata.goog", "instance-data", "instance-data.ec2.internal",
+     "metadata.azure.com", "metadata.packet.net", "metadata.platformequinix.com", "169.254.169.254.nip.io"}
+)  # fmt: skip
+# Suffixes that only name hosts on a private network (RFC 6761/6762/8375 and cluster DNS).
+INTERNAL_SUFFIXES = (".internal", ".local", ".localdomain", ".lan", ".home.arpa", ".svc", ".cluster.local", ".intranet")
+
+
 def address_problem(host: str) -> str | None:
     """Why ``host`` must not be fetched by a worker (loopback, private, link-local...), or None."""
-    name = host.strip("[]").lower()
+    name = host.strip("[]").lower().rstrip(".")
     if not name:
         return "has no host"
     if name == "localhost" or name.endswith(".localhost"):
         return "points at this machine"
+    if name in METADATA_HOSTS:
+        return "is a cloud metadata service"
+    if name.endswith(INTERNAL_SUFFIXES):
+        return "is a private network name"
+    if "." not in name and ":" not in name and not name.isdigit():
+        # A single label is resolved through the worker's search domains: an internal service.
+        return "is a single-label (internal) name; use a fully qualified public host"
     try:
         addresses = [ipaddress.ip_address(name)]
     except ValueError:
@@ -65,13 +83,17 @@ class _Checker:
         self.root = posixpath.normpath(data_root.as_posix())
         self.uploads = f"{self.root}/{UPLOADS_DIR}"
         self.owner = owner
+        self.roots = Roots.of(self.root, self.uploads, owner)
         self.errors: list[FieldError] = []
 
     def fail(self, field: str, message: str) -> None:
         self.errors.append(FieldError(field, message, "forbidden_location"))
 
-    def location(self, value: str, field: str, *, hub_ok: bool, local_base: bool = True) -> str:
-        """Check one location; returns it, with a relative local path made absolute under the root."""
+    def location(self, value: str, field: str, *, hub_ok: bool, local_base: bool = True, tree: bool = False) -> str:
+        """Check one location; returns it, with a relative local path made absolute under the root.
+
+        ``tree``: the loader reads a local location recursively (``data_dir``, a dataset folder).
+        """
         scheme = _SCHEME.match(value)
         if scheme:
             return self._url(value, scheme.group(1).lower(), field)
@@ -79,7 +101,7 @@ class _Checker:
             self.fail(field, "`..` is not allowed in paths")
             return value
         if value.startswith(("/", "~", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value):
-            self._local(posixpath.normpath(value), field)
+            self._local(posixpath.normpath(value), field, tree)
             return value
         if not local_base:  # relative to a hub dataset repository, not to this machine
             return value
@@ -88,14 +110,17 @@ class _Checker:
         # itself prefers a local folder over the hub).
         if hub_ok and _HUB_ID.match(value) and not Path(local).exists():
             return value
-        self._local(local, field)
+        self._local(local, field, tree)
         return local
 
-    def _local(self, norm: str, field: str) -> None:
+    def _local(self, norm: str, field: str, tree: bool) -> None:
         if not _under(norm, self.root):
             self.fail(field, f"local paths must be under the data root {self.root}")
         elif self.owner is not None and _under(norm, self.uploads) and not _under(norm, f"{self.uploads}/{self.owner}"):
             self.fail(field, "this path is another owner's upload; use your own datasets")
+        # What the loader will really read: patterns expanded, folders recursed, links resolved.
+        elif problem := local_problem(norm, self.roots, tree=tree):
+            self.fail(field, problem)
 
     def _url(self, value: str, scheme: str, field: str) -> str:
         if scheme in REMOTE_STORAGE_SCHEMES:
@@ -137,13 +162,15 @@ def check_spec_locations(spec: JobSpec, data_root: Path, owner: str | None = Non
     dataset = doc["dataset"]
     builder = dataset.get("path") in BUILTIN_DATASET_BUILDERS
     if isinstance(dataset.get("path"), str) and not builder:
-        dataset["path"] = checker.location(dataset["path"], "dataset.path", hub_ok=True)
+        dataset["path"] = checker.location(dataset["path"], "dataset.path", hub_ok=True, tree=True)
     # data files of a hub dataset are relative to its repository; of a builder, to this machine.
     local = builder or str(dataset.get("path", "")).startswith("/")
     if dataset.get("data_files") is not None:
         dataset["data_files"] = _data_files(checker, dataset["data_files"], "dataset.data_files", local)
     if isinstance(dataset.get("data_dir"), str):
-        dataset["data_dir"] = checker.location(dataset["data_dir"], "dataset.data_dir", hub_ok=False, local_base=local)
+        dataset["data_dir"] = checker.location(
+            dataset["data_dir"], "dataset.data_dir", hub_ok=False, local_base=local, tree=True
+        )
     if checker.errors:
         raise SpecError(checker.errors)
     return type(spec).model_validate(doc)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import Problem, problem_response, validation_problem
 from trainer_core.spec import FieldError
@@ -153,16 +154,62 @@ def store_upload(src: BinaryIO, filename: str, dataset_dir: Path, data_root: Pat
         raise
 
 
-class UploadLimitMiddleware:
-    """Refuse an upload by its Content-Length before its body is read and spooled to disk."""
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` once a body passes its limit; FastAPI passes HTTPExceptions through."""
 
-    def __init__(self, app: ASGIApp, *, path: str, limit_bytes: int):
-        self.app, self.path, self.limit_bytes = app, path, limit_bytes
+    def __init__(self, detail: str):
+        super().__init__(413, detail)
+
+
+class BodyLimitMiddleware:
+    """Limit request bodies while they stream in: uploads to ``upload_limit``, the rest to ``json_limit``.
+
+    A Content-Length over the limit is answered 413 before anything is read; a chunked body (no
+    Content-Length) or one that lies is cut off as soon as the bytes received pass the limit, so
+    the multipart parser never spools more than the limit to a temporary file.
+    """
+
+    def __init__(self, app: ASGIApp, *, upload_path: str, upload_limit: int, json_limit: int):
+        self.app, self.upload_path = app, upload_path
+        self.upload_limit, self.json_limit = upload_limit, json_limit
+
+    def limit_for(self, path: str) -> tuple[int, str]:
+        if path == self.upload_path:
+            return self.upload_limit + MULTIPART_SLACK, too_large(self.upload_limit).detail or ""
+        kib = self.json_limit // 1024
+        return self.json_limit, f"request bodies are limited to {kib} KiB (TRAINJOBS_MAX_JSON_KB)"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path:
-            length = dict(scope["headers"]).get(b"content-length")
-            if length and length.isdigit() and int(length) > self.limit_bytes + MULTIPART_SLACK:
-                await problem_response(too_large(self.limit_bytes))(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        limit, detail = self.limit_for(scope["path"])
+        length = dict(scope["headers"]).get(b"content-length")
+        if length and length.isdigit() and int(length) > limit:
+            await problem_response(Problem(413, detail))(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(detail)
+            return message
+
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            # Read outside FastAPI's body parsing (which turns it into the 413 problem itself).
+            if started:
+                raise
+            await problem_response(Problem(413, detail))(scope, receive, send)

@@ -12,11 +12,13 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service_core.db.base import utcnow
 from service_core.db.models import ApiKey
 from service_core.settings import Settings, get_settings
 
@@ -42,23 +44,64 @@ def hash_key(key: str, secret: str) -> str:
     return hmac.new(secret.encode(), key.encode(), hashlib.sha256).hexdigest()
 
 
-def _insert_key(session: Session, key: str, owner: str, is_admin: bool, secret: str) -> ApiKey:
+def _insert_key(
+    session: Session, key: str, owner: str, is_admin: bool, secret: str, expires_at: datetime | None = None
+) -> ApiKey:
     if not OWNER_PATTERN.match(owner):
         raise ValueError(f"owner {owner!r} must match {OWNER_PATTERN.pattern}")
-    row = ApiKey(owner=owner, key_hash=hash_key(key, secret), prefix=key[:10], is_admin=is_admin)
+    row = ApiKey(owner=owner, key_hash=hash_key(key, secret), prefix=key[:10], is_admin=is_admin, expires_at=expires_at)
     session.add(row)
     session.flush()
     return row
 
 
-def create_api_key(session: Session, owner: str, is_admin: bool = False, *, settings: Settings | None = None) -> str:
+def create_api_key(
+    session: Session,
+    owner: str,
+    is_admin: bool = False,
+    *,
+    settings: Settings | None = None,
+    expires_at: datetime | None = None,
+) -> str:
     """Create a key for ``owner`` and return it, ready to print (it cannot be recovered later).
 
     The row is flushed, not committed: the caller's transaction decides (``session_scope`` commits).
     """
+    return create_api_key_row(session, owner, is_admin, settings=settings, expires_at=expires_at)[0]
+
+
+def create_api_key_row(
+    session: Session,
+    owner: str,
+    is_admin: bool = False,
+    *,
+    settings: Settings | None = None,
+    expires_at: datetime | None = None,
+) -> tuple[str, ApiKey]:
+    """Like :func:`create_api_key`, also returning the stored row."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    _insert_key(session, key, owner, is_admin, (settings or get_settings()).secret_key)
-    return key
+    row = _insert_key(session, key, owner, is_admin, (settings or get_settings()).secret_key, expires_at)
+    return key, row
+
+
+def revoke_api_key(session: Session, key_id: str) -> ApiKey | None:
+    """Revoke a key (idempotent); None when there is no such key. Flushed, not committed."""
+    row = session.get(ApiKey, key_id)
+    if row is not None and row.revoked_at is None:
+        row.revoked_at = utcnow()
+        session.flush()
+    return row
+
+
+def touch_api_key(conn: Connection, key_id: str, every_s: float = 60.0) -> None:
+    """Record that a key was used, at most once per ``every_s`` seconds (a write per request is too dear)."""
+    now = utcnow()
+    conn.execute(
+        update(ApiKey)
+        .where(ApiKey.id == key_id)
+        .where(or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - timedelta(seconds=every_s)))
+        .values(last_used_at=now)
+    )
 
 
 def authenticate(db: Session | Connection, key: str, secret: str) -> Caller | None:
@@ -73,7 +116,11 @@ def authenticate_hash(db: Session | Connection, key_hash: str) -> Caller | None:
     on a Session or a plain Connection.
     """
     row = db.execute(
-        select(ApiKey.owner, ApiKey.is_admin, ApiKey.id).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
+        select(ApiKey.owner, ApiKey.is_admin, ApiKey.id).where(
+            ApiKey.key_hash == key_hash,
+            ApiKey.revoked_at.is_(None),
+            or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > utcnow()),
+        )
     ).first()
     if row is None:
         return None

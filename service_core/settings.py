@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     secret_key: str = Field(default=DEV_SECRET, validation_alias="TRAINJOBS_SECRET_KEY")
     api_key: str | None = Field(default=None, validation_alias="TRAINJOBS_API_KEY")
     max_upload_mb: int = Field(default=1024, ge=1, validation_alias="TRAINJOBS_MAX_UPLOAD_MB")
+    # Every other request body (job specs, estimates): refused with 413 before it is parsed.
+    max_json_kb: int = Field(default=1024, ge=1, validation_alias="TRAINJOBS_MAX_JSON_KB")
     # The broker must not redeliver a job while it still runs: visibility > the longest allowed job.
     max_job_hours: float = Field(default=72.0, gt=0, validation_alias="TRAINJOBS_MAX_JOB_HOURS")
     cancel_grace_seconds: float = Field(default=30.0, ge=0, validation_alias="TRAINJOBS_CANCEL_GRACE_SECONDS")
@@ -42,6 +44,15 @@ class Settings(BaseSettings):
     memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias=OVERHEAD_ENV)  # MiB
     # How long an API process trusts a key it has checked; a revocation takes effect within this time.
     auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
+    # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
+    max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
+    max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")
+    # When set, GET /metrics needs `Authorization: Bearer <this token>` (unset: open, keep it private).
+    # Per-owner quotas (0: none). Rates are per API process; over a quota: 429 with Retry-After.
+    max_queued_per_owner: int = Field(default=10_000, ge=0, validation_alias="TRAINJOBS_MAX_QUEUED_PER_OWNER")
+    submits_per_minute: int = Field(default=3000, ge=0, validation_alias="TRAINJOBS_SUBMITS_PER_MINUTE")
+    uploads_per_minute: int = Field(default=60, ge=0, validation_alias="TRAINJOBS_UPLOADS_PER_MINUTE")
+    metrics_token: str | None = Field(default=None, validation_alias="TRAINJOBS_METRICS_TOKEN")
 
     @field_validator("queue_budgets", mode="before")
     @classmethod

@@ -36,6 +36,7 @@ from worker.db_retry import Backoff, retry_database
 from worker.ingest import EventIngestor, SessionFactory
 from worker.outcome import RunOutcome, classify_exit, stderr_tail
 from worker.paths import RunPaths
+from worker.run_env import run_env
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class RunWatch:
         paths.work_dir.mkdir(parents=True, exist_ok=True)
         paths.output_dir.mkdir(parents=True, exist_ok=True)
         paths.stop_file.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**run_env(os.environ), "PYTHONUNBUFFERED": "1"}  # no service secrets (worker/run_env.py)
         with paths.log_file.open("ab") as log_handle:
             self.log_start = log_handle.tell()
             proc = subprocess.Popen(

@@ -19,7 +19,7 @@ from service_core.db.models import Dataset
 from service_core.keys import Caller
 from service_core.settings import Settings
 
-router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=problem_responses(401, 404, 413, 422))
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=problem_responses(401, 404, 413, 422, 429))
 
 UPLOAD_EXAMPLE = """Example:
 

@@ -4,7 +4,11 @@ Wire format, one block per stored JobEvent: ``id: <seq>``, ``event: <kind>``, ``
 event's data plus seq and time>``. The stream replays every row after ``Last-Event-ID`` (or
 ``?after=``), then polls the database for new rows, and ends right after the terminal ``status``
 event. Since ``seq`` is dense and ordered per job, resuming with the last id seen loses nothing and
-repeats nothing. Each poll uses its own short session: a stream never holds a transaction open.
+repeats nothing.
+
+A stream must not hold what the rest of the API needs: between polls it holds no thread and no
+database connection (each poll is one short session on the streams' own threads, so polls never
+queue in front of other routes), and each owner may have only so many open (api/streams.py: 429).
 """
 
 from __future__ import annotations
@@ -15,19 +19,20 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 
-from api.deps import OwnedJob, get_sessionmaker_for
+from api.deps import CallerDep, OwnedJob, get_sessionmaker_for
 from api.problems import Problem
 from api.schemas.common import as_utc, problem_responses
+from api.streams import SlotStreamingResponse, StreamSlots
 from service_core.db.models import Job, JobEvent
 from service_core.status import TERMINAL_STATUSES, JobStatus
 
-router = APIRouter(prefix="/v1/jobs", tags=["events"], responses=problem_responses(401, 404, 422))
+router = APIRouter(prefix="/v1/jobs", tags=["events"], responses=problem_responses(401, 404, 422, 429))
 
 POLL_INTERVAL_S = 0.1
 HEARTBEAT_S = 15.0
@@ -65,14 +70,17 @@ def fetch_after(maker: sessionmaker[Session], job_id: str, after: int) -> tuple[
         return list(rows), JobStatus(status).terminal
 
 
-async def event_stream(maker: sessionmaker[Session], job_id: str, after: int) -> AsyncGenerator[str, None]:
+async def event_stream(
+    maker: sessionmaker[Session], job_id: str, after: int, limiter: anyio.CapacityLimiter | None = None
+) -> AsyncGenerator[str, None]:
     """SSE text for the job's rows after ``after``, ending after its terminal status event.
 
-    A client that goes away is noticed by the server when a write fails (data or the heartbeat).
+    Polls run on ``limiter``'s threads (the app's stream threads). A client that goes away is
+    noticed by the server when a write fails (data or the heartbeat).
     """
     last_sent = time.monotonic()
     while True:
-        rows, was_terminal = await run_in_threadpool(fetch_after, maker, job_id, after)
+        rows, was_terminal = await anyio.to_thread.run_sync(fetch_after, maker, job_id, after, limiter=limiter)
         for row in rows:
             yield format_event(row)
             after = row.seq
@@ -109,8 +117,9 @@ def parse_after(header: str | None, query: int | None) -> int:
         200: {"content": {"text/event-stream": {}}, "description": "progress, metric, eval, memory, log, status"}
     },
 )
-def job_events(
+async def job_events(
     job: OwnedJob,
+    caller: CallerDep,
     request: Request,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     after: Annotated[
@@ -119,6 +128,8 @@ def job_events(
 ) -> StreamingResponse:
     """Replay events after ``Last-Event-ID`` / ``after``, then stream new ones until the job ends."""
     start = parse_after(last_event_id, after)
-    stream = event_stream(get_sessionmaker_for(request), job.id, start)
+    slots: StreamSlots = request.app.state.stream_slots
+    slot = slots.take(caller.owner)
+    stream = event_stream(get_sessionmaker_for(request), job.id, start, request.app.state.stream_limiter)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+    return SlotStreamingResponse(stream, slot, media_type="text/event-stream", headers=headers)

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, or_, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import (
@@ -27,8 +27,9 @@ from api.deps import (
 from api.estimation import estimate_for_submit
 from api.paths import check_spec_locations, resolve_uploaded_dataset
 from api.problems import Problem
+from api.quotas import check_queued_quota
 from api.schemas.common import problem_responses
-from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
+from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut, JobSummary
 from service_core.db.jobstore import insert_job, transition
 from service_core.db.models import Job
 from service_core.keys import Caller
@@ -43,7 +44,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
-    responses=problem_responses(503),
+    responses=problem_responses(413, 429, 503),
 )
 async def submit_job(
     body: JobCreate,
@@ -83,6 +84,7 @@ def create_job(
     estimate = estimate_for_submit(spec, queue, settings)
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        check_queued_quota(conn, caller.owner, settings.max_queued_per_owner)
         job = insert_job(
             conn,
             owner=caller.owner,
@@ -140,7 +142,8 @@ def list_jobs(
             "owner: only an admin key may list another owner's jobs",
             errors=[{"field": "owner", "message": "not your own owner name", "type": "forbidden"}],
         )
-    query = select(Job)
+    # Lists carry no specs (up to the body limit each): the spec is not even read.
+    query = select(Job).options(defer(Job.spec))
     if not caller.is_admin or owner is not None:
         query = query.where(Job.owner == (owner or caller.owner))
     if status_ is not None:
@@ -153,7 +156,7 @@ def list_jobs(
     rows = session.execute(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).scalars().all()
     page = list(rows[:limit])
     next_cursor = encode_cursor(page[-1]) if len(rows) > limit else None
-    return JobList(items=[JobOut.from_job(job) for job in page], next_cursor=next_cursor)
+    return JobList(items=[JobSummary.from_job(job) for job in page], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobOut)

@@ -3,10 +3,15 @@
 Job figures (jobs by status, queue depth, job duration, busy worker slots) are read from the database
 at scrape time, since the database is the source of truth and several API processes may serve
 scrapes. Request latency is measured in-process by :class:`RequestMetricsMiddleware`.
+
+The figures name queues and workers, so ``TRAINJOBS_METRICS_TOKEN`` (when set) makes a scrape send
+``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials: ...}``); without it,
+keep the port private. API keys do not work here: a scraper should hold no key that can submit jobs.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,11 +24,14 @@ from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.auth import bearer_key
 from api.deps import get_sessionmaker_for
+from api.problems import Problem
 from service_core.db.models import Job
 from service_core.status import JobStatus
 
 router = APIRouter(tags=["observability"])
+_METRICS_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="trainjobs-metrics"'}
 
 DURATION_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 24 * 3600.0, 72 * 3600.0)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -157,6 +165,10 @@ def run_seconds(session: Session) -> ColumnElement[Any]:
 @router.get("/metrics", include_in_schema=False)
 def prometheus_metrics(request: Request) -> Response:
     """Prometheus text exposition: job figures from the database, request latency from this process."""
+    token: str | None = request.app.state.settings.metrics_token
+    sent = bearer_key(request.scope)
+    if token and not (sent and hmac.compare_digest(sent.encode(), token.encode())):
+        raise Problem(401, "send `Authorization: Bearer <TRAINJOBS_METRICS_TOKEN>`", headers=_METRICS_CHALLENGE)
     with get_sessionmaker_for(request)() as session:
         snapshot = CollectorRegistry()
         snapshot.register(JobsCollector(session))

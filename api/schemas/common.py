@@ -69,5 +69,6 @@ _DESCRIPTIONS = {
     409: "Conflict with the resource's state.",
     413: "Upload over the size limit.",
     422: "Invalid input; `errors` names each field.",
+    429: "Too many at once (e.g. open event streams); `Retry-After` says when to try again.",
     503: "A dependency (database, broker) is unreachable.",
 }

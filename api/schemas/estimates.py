@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.schemas.examples import EXAMPLE_ESTIMATE_REQUEST
+from api.spec_limits import check_document
 from trainer_core.spec import JobSpec
 
 
@@ -14,6 +15,12 @@ class EstimateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_ESTIMATE_REQUEST]})
 
     spec: JobSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        return check_document(data)
+
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device budget; with it the answer includes the planner's list."
     )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.schemas.common import UtcDatetime
 from api.schemas.examples import EXAMPLE_JOB_CREATE, EXAMPLE_UPLOADED_DATASET_JOB
+from api.spec_limits import check_document
 from service_core.db.models import Job
 from service_core.status import ErrorReason, JobStatus, reason_or_internal
 from trainer_core.spec import JobSpec
@@ -42,6 +43,11 @@ class JobCreate(JobSpec):
         default=None, pattern=QUEUE_PATTERN, description="Worker queue; default: the service's default queue."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        return check_document(data)
+
     def job_spec(self) -> JobSpec:
         """The spec alone, as submitted (unset fields stay unset, so re-validation agrees)."""
         return JobSpec.model_validate(self.model_dump(exclude={"priority", "queue"}, exclude_unset=True))
@@ -72,14 +78,15 @@ class JobLinks(BaseModel):
     cancel: str
 
 
-class JobOut(BaseModel):
+class JobSummary(BaseModel):
+    """A job as lists show it: everything but its spec (fetch one job for that)."""
+
     id: str
     name: str
     owner: str
     status: JobStatus
     queue: str
     priority: int
-    spec: dict[str, Any]
     estimate: dict[str, Any] | None
     progress: Progress
     latest_metrics: dict[str, Any] | None
@@ -95,53 +102,67 @@ class JobOut(BaseModel):
     links: JobLinks
 
     @classmethod
-    def from_job(cls, job: Job) -> JobOut:
-        base = f"/v1/jobs/{job.id}"
-        total = job.progress_total
-        estimated = None
-        if job.estimate is not None:
-            estimated = {k: job.estimate[k] for k in MEMORY_SIDE_BY_SIDE if k in job.estimate}
-        error = None
-        if job.error_reason is not None or job.error_message is not None:
-            reason = reason_or_internal(job.error_reason) if job.error_reason is not None else None
-            error = JobError(reason=reason, message=job.error_message)
-        return cls(
-            id=job.id,
-            name=job.name,
-            owner=job.owner,
-            status=JobStatus(job.status),
-            queue=job.queue,
-            priority=job.priority,
-            spec=job.spec,
-            estimate=job.estimate,
-            progress=Progress(
-                step=job.progress_step,
-                total=total,
-                epoch=job.epoch,
-                fraction=min(1.0, job.progress_step / total) if total else None,
-            ),
-            latest_metrics=job.latest_metrics,
-            final_metrics=job.final_metrics,
-            memory=MemoryComparison(estimated=estimated, measured=job.measured_memory),
-            error=error,
-            attempts=job.attempts,
-            cancel_requested=job.cancel_requested,
-            created_at=job.created_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            updated_at=job.updated_at,
-            links=JobLinks(
-                self=base,
-                events=f"{base}/events",
-                metrics=f"{base}/metrics",
-                artifacts=f"{base}/artifacts",
-                cancel=f"{base}/cancel",
-            ),
-        )
+    def from_job(cls, job: Job) -> Self:
+        return cls(**summary_fields(job))
+
+
+class JobOut(JobSummary):
+    """One job, with the spec it runs (as stored: locations resolved)."""
+
+    spec: dict[str, Any]
+
+    @classmethod
+    def from_job(cls, job: Job) -> Self:
+        return cls(**summary_fields(job), spec=job.spec)
+
+
+def summary_fields(job: Job) -> dict[str, Any]:
+    """The fields of a JobSummary from a job row (the spec is not read, so a list may defer it)."""
+    base = f"/v1/jobs/{job.id}"
+    total = job.progress_total
+    estimated = None
+    if job.estimate is not None:
+        estimated = {k: job.estimate[k] for k in MEMORY_SIDE_BY_SIDE if k in job.estimate}
+    error = None
+    if job.error_reason is not None or job.error_message is not None:
+        reason = reason_or_internal(job.error_reason) if job.error_reason is not None else None
+        error = JobError(reason=reason, message=job.error_message)
+    return dict(
+        id=job.id,
+        name=job.name,
+        owner=job.owner,
+        status=JobStatus(job.status),
+        queue=job.queue,
+        priority=job.priority,
+        estimate=job.estimate,
+        progress=Progress(
+            step=job.progress_step,
+            total=total,
+            epoch=job.epoch,
+            fraction=min(1.0, job.progress_step / total) if total else None,
+        ),
+        latest_metrics=job.latest_metrics,
+        final_metrics=job.final_metrics,
+        memory=MemoryComparison(estimated=estimated, measured=job.measured_memory),
+        error=error,
+        attempts=job.attempts,
+        cancel_requested=job.cancel_requested,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        updated_at=job.updated_at,
+        links=JobLinks(
+            self=base,
+            events=f"{base}/events",
+            metrics=f"{base}/metrics",
+            artifacts=f"{base}/artifacts",
+            cancel=f"{base}/cancel",
+        ),
+    )
 
 
 class JobList(BaseModel):
-    items: list[JobOut]
+    items: list[JobSummary]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")
 
 

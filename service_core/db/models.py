@@ -36,6 +36,10 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    # A key stops working at expires_at (None: never).
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    # When an API process last looked the key up in the database (not every request: see api/auth.py).
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Dataset(Base):

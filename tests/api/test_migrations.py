@@ -68,4 +68,4 @@ def test_one_initial_revision() -> None:
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert [rev.revision for rev in script.walk_revisions()] == ["0001"]
+    assert [rev.revision for rev in script.walk_revisions()] == ["0002", "0001"]

@@ -101,3 +101,27 @@ def test_submit_with_forbidden_path_stores_nothing(client: TestClient, keys: Key
     assert response.status_code == 422
     assert response.json()["errors"][0]["field"] == "dataset.data_files.train"
     assert client.get("/v1/jobs", headers=keys.auth(keys.alice)).json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
+        "http://metadata.google.internal./computeMetadata/v1/",
+        "http://METADATA/computeMetadata/v1/",
+        "http://instance-data/latest/meta-data/",
+        "http://instance-data.ec2.internal/latest/meta-data/",
+        "http://redis:6379/x.csv",
+        "http://kubernetes.default.svc/api",
+        "http://printer.local/x.csv",
+    ],
+)
+def test_submit_naming_a_metadata_or_internal_host_is_422(client: TestClient, keys: Keys, url: str) -> None:
+    spec = make_spec(dataset={"path": "csv", "data_files": {"train": url}})
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["field"] == "dataset.data_files.train"
+
+
+def test_public_names_that_do_not_resolve_here_are_left_to_the_worker() -> None:
+    assert address_problem("data.example.org") is None

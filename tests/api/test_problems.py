@@ -63,8 +63,10 @@ def test_malformed_json_is_422_not_500(client: TestClient, keys: Keys) -> None:
     assert response.headers["content-type"] == "application/problem+json"
 
 
-def test_unknown_route_is_problem_404(client: TestClient) -> None:
-    response = client.get("/v1/nothing-here")
+def test_unknown_route_is_problem_404(client: TestClient, keys: Keys) -> None:
+    # Without a key every /v1/ path is a 401: the key is checked before routing (api/auth.py).
+    assert client.get("/v1/nothing-here").status_code == 401
+    response = client.get("/v1/nothing-here", headers=keys.auth(keys.alice))
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["status"] == 404

@@ -8,8 +8,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
+from api.main import create_app
 from service_core.db.base import utcnow
 from service_core.db.jobstore import transition
+from service_core.settings import Settings
 from service_core.status import JobStatus
 from tests.api.conftest import Keys, add_job
 
@@ -83,3 +85,19 @@ def test_request_latency_is_labelled_by_route_template(client: TestClient, sessi
     assert values[ok] == 3 and values[missing] == 1
     # Raw paths (job ids) never become labels: one series per route template.
     assert not any(job.id in str(labels) for _, labels in values)
+
+
+def test_metrics_token_when_set_is_required(settings: Settings, keys: Keys) -> None:
+    app = create_app(settings.model_copy(update={"metrics_token": "scrape-token-123"}))
+    with TestClient(app) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics").headers["content-type"] == "application/problem+json"
+        assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        # An API key is not the scrape token.
+        assert client.get("/metrics", headers=keys.auth(keys.admin)).status_code == 401
+        scraped = client.get("/metrics", headers={"Authorization": "Bearer scrape-token-123"})
+        assert scraped.status_code == 200 and "trainjobs_jobs" in scraped.text
+
+
+def test_metrics_are_open_without_a_token(client: TestClient) -> None:
+    assert client.get("/metrics").status_code == 200

@@ -1,0 +1,55 @@
+"""Bounds on a submitted document that the spec's own types do not express.
+
+- No NUL character (``\\u0000``) in any string or key: PostgreSQL's JSONB refuses it, and the
+  insert failed with a 500 after every other check had passed.
+- At most ``MAX_DEPTH`` levels of nesting (free-form parts such as ``model.config``): pydantic's
+  serializer stops at ~255 levels, another 500; real configs nest a handful of levels.
+
+The total size is bounded before parsing by the body limit (``TRAINJOBS_MAX_JSON_KB``). The walk is
+iterative, so a deep document cannot exhaust the stack of the check meant to refuse it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.problems import validation_problem
+from trainer_core.spec import FieldError
+
+MAX_DEPTH = 32
+
+
+def document_errors(doc: Any, prefix: str = "") -> list[FieldError]:
+    """Every NUL-carrying string and every part nested past ``MAX_DEPTH``, by dotted field path."""
+    errors: list[FieldError] = []
+    stack: list[tuple[Any, str, int]] = [(doc, prefix, 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                errors.append(FieldError(path, "must not contain the NUL character (\\u0000)", "nul_character"))
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth >= MAX_DEPTH:
+            errors.append(FieldError(path, f"nested deeper than {MAX_DEPTH} levels", "too_deep"))
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            child = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and "\x00" in key:
+                errors.append(FieldError(child, "keys must not contain the NUL character (\\u0000)", "nul_character"))
+            stack.append((item, child, depth + 1))
+    return sorted(errors, key=lambda e: e.field)
+
+
+def check_document(doc: Any, prefix: str = "") -> Any:
+    """``doc`` unchanged, or a 422 Problem naming each field that breaks a bound.
+
+    A Problem, not a ValueError: raised from a pydantic ``before`` validator it passes through
+    validation untouched (a ValueError would become one error with no field path).
+    """
+    errors = document_errors(doc, prefix)
+    if errors:
+        raise validation_problem(errors, title="Invalid job spec")
+    return doc

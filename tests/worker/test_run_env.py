@@ -1,0 +1,73 @@
+"""A training run gets an allow-listed environment: never the service's secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from service_core.db import Job
+from service_core.db.session import session_scope
+from service_core.settings import Settings
+from worker.execute import run_paths
+from worker.run_env import run_env
+
+from .conftest import JobFactory, load_job, quick_spec
+from .test_supervisor import start_in_thread, wait_for
+
+SECRETS = {
+    "TRAINJOBS_SECRET_KEY": "s3cret-signing-key",
+    "TRAINJOBS_API_KEY": "admin-key-must-not-leak",
+    "DATABASE_URL": "postgresql+psycopg://trainjobs:dbpass@db.internal/trainjobs",
+    "BROKER_URL": "redis://:brokerpass@redis.internal:6379/0",
+}
+
+
+def process_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def test_run_env_keeps_what_training_needs_and_drops_the_rest() -> None:
+    worker = {
+        **SECRETS,
+        "PATH": "/usr/bin",
+        "HF_HOME": "/cache/hf",
+        "LC_ALL": "C.UTF-8",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "PYTHONPATH": "/srv",
+        "TRAINJOBS_FAULT_CRASH_AT_STEP": "3",
+        "AWS_SECRET_ACCESS_KEY": "aws",
+        "WANDB_API_KEY": "wandb",
+        "TRAINJOBS_RUN_ENV_EXTRA": "WANDB_*, DATABASE_URL",
+    }
+    assert run_env(worker) == {
+        "PATH": "/usr/bin",
+        "HF_HOME": "/cache/hf",
+        "LC_ALL": "C.UTF-8",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "PYTHONPATH": "/srv",
+        "TRAINJOBS_FAULT_CRASH_AT_STEP": "3",
+        "WANDB_API_KEY": "wandb",  # named by the operator; DATABASE_URL is refused even then
+    }
+
+
+@pytest.mark.slow
+def test_a_real_run_has_no_service_secrets_in_its_environment(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TRAINJOBS_FAULT_NOTHING", "1")  # testing aids do get through
+    job_id = make_job(sqlite_settings, quick_spec(sentiment_files, num_train_epochs=200))
+    thread, result = start_in_thread(job_id, sqlite_settings)
+    wait_for(lambda: load_job(sqlite_settings, job_id).progress_step >= 1, 90, "the run to make progress")
+    env = process_env(int(run_paths(job_id, sqlite_settings).pid_file.read_text()))
+    with session_scope(sqlite_settings.database_url) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+    thread.join(60)
+    assert result["status"] == "cancelled"
+    assert not set(SECRETS) & set(env), sorted(env)
+    assert not any(value in "".join(env.values()) for value in SECRETS.values())
+    assert env["TRAINJOBS_FAULT_NOTHING"] == "1" and env["PYTHONUNBUFFERED"] == "1" and "PATH" in env
