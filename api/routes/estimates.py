@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, SettingsDep
 from api.estimation import estimate, plan
+from api.paths import check_spec_locations
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.estimates import Catalog, EstimateRequest, EstimateResponse
@@ -31,15 +32,22 @@ def estimate_response(body: EstimateRequest, settings: Settings) -> EstimateResp
 
 
 @router.post("/estimates/memory", response_model=EstimateResponse)
-async def estimate_memory(body: EstimateRequest, settings: SettingsDep, _caller: CallerDep) -> EstimateResponse:
+async def estimate_memory(body: EstimateRequest, settings: SettingsDep, caller: CallerDep) -> EstimateResponse:
     """The estimator's breakdown for a spec; with ``gpu_memory_gb``, also the planner's fitting list."""
     if body.gpu_memory_gb is None and is_warm(body.spec):
         # A built model's estimate is ~0.05 ms of arithmetic: cheaper on the event loop than the
-        # hand-off to a thread (and back) it would otherwise cost.
+        # hand-off to a thread (and back) it would otherwise cost. (Warm means a config or catalog
+        # model: no location to resolve.)
         return estimate_response(body, settings)
     # A model's first estimate builds it on the meta device (up to seconds), and the planner runs
-    # many estimates: off the event loop.
-    return await run_in_threadpool(estimate_response, body, settings)
+    # many estimates: off the event loop. Locations resolve as at submit, so the spec a user is about
+    # to submit (`models/...` under the data root) is estimated as the run will load it.
+    return await run_in_threadpool(located_estimate, body, settings, None if caller.is_admin else caller.owner)
+
+
+def located_estimate(body: EstimateRequest, settings: Settings, owner: str | None) -> EstimateResponse:
+    located = check_spec_locations(body.spec, settings.data_root, owner)
+    return estimate_response(body.model_copy(update={"spec": located}), settings)
 
 
 def is_warm(spec: JobSpec) -> bool:

@@ -136,3 +136,22 @@ def test_openapi_has_worked_examples_and_bearer_auth(client: TestClient) -> None
     JobSpec.model_validate(
         {k: v for k, v in schemas["JobCreate"]["examples"][0].items() if k not in ("priority", "queue")}
     )
+
+
+def test_a_model_folder_under_the_data_root_is_estimated_as_submit_resolves_it(
+    client: TestClient, keys: Keys, settings: Settings
+) -> None:
+    from transformers import BertConfig
+
+    config = make_spec()["model"]["config"]
+    BertConfig(**config).save_pretrained(settings.data_root / "models" / "tiny-bert")
+    spec = make_spec(model={"name_or_path": "models/tiny-bert"})  # relative, as the dev example names it
+    response = client.post("/v1/estimates/memory", json={"spec": spec}, headers=keys.auth(keys.alice))
+    assert response.status_code == 200, response.text
+    inline = client.post("/v1/estimates/memory", json={"spec": make_spec()}, headers=keys.auth(keys.alice))
+    assert response.json()["estimate"]["parameters"] == inline.json()["estimate"]["parameters"]
+
+    outside = make_spec(model={"name_or_path": "../../etc"})
+    refused = client.post("/v1/estimates/memory", json={"spec": outside}, headers=keys.auth(keys.alice))
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["field"] == "model.name_or_path"
