@@ -12,18 +12,21 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service_core.artifacts import ArtifactStore
-from service_core.db.jobstore import transition
+from service_core.db.base import utcnow
+from service_core.db.jobstore import FencedOut, transition
 from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint
+from worker.lease import LeaseKeeper
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
 from worker.recovery import requeue_or_fail
@@ -41,12 +44,19 @@ def session_factory(settings: Settings) -> Callable[[], Any]:
     return factory
 
 
-def claim_job(session: Session, job_id: str) -> bool:
-    """Move a queued job to running for this worker process; False if it is not queued any more."""
-    return transition(
-        session, job_id, JobStatus.running, expect=JobStatus.queued,
-        attempts=Job.attempts + 1, worker=worker_name(), pid=os.getpid(),
+def claim_job(session: Session, job_id: str, lease_s: float = 60.0) -> int | None:
+    """Move a queued job to running for this worker process, with a lease of ``lease_s``.
+
+    Returns the attempt number it claimed (the fencing token of every later write), or None when
+    the job is not queued any more.
+    """
+    moved = transition(
+        session, job_id, JobStatus.running, expect=JobStatus.queued, attempts=Job.attempts + 1,
+        worker=worker_name(), pid=os.getpid(), lease_expires_at=utcnow() + timedelta(seconds=lease_s),
     )  # fmt: skip
+    if not moved:
+        return None
+    return int(session.execute(select(Job.attempts).where(Job.id == job_id)).scalar_one())
 
 
 def final_metrics(summary: dict[str, Any], latest: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -68,7 +78,8 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     queue (``running -> queued``) to resume on the next worker, instead of being cancelled.
     """
     with session_scope(settings.database_url) as session:
-        if not claim_job(session, job_id):
+        attempt = claim_job(session, job_id, settings.lease_seconds)
+        if attempt is None:
             status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
             log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)
             return None
@@ -78,31 +89,39 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
     resume = newest_checkpoint(paths.output_dir) is not None
-    log.info("job %s: running in %s (resume=%s)", job_id, paths.output_dir, resume)
-    try:
-        outcome = supervise_run(
-            job_id, paths, session_factory(settings), resume=resume, grace_s=settings.cancel_grace_seconds,
-            should_stop=should_stop, estimate=estimate,
-        )  # fmt: skip
-    except Exception as exc:
-        log.exception("job %s: supervising the run failed", job_id)
-        outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
-                             f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
+    log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
+    with LeaseKeeper(job_id, attempt, settings) as lease:
+        try:
+            outcome = supervise_run(
+                job_id, paths, session_factory(settings), resume=resume, grace_s=settings.cancel_grace_seconds,
+                should_stop=should_stop, estimate=estimate, attempt=attempt,
+            )  # fmt: skip
+        except FencedOut:  # the ingestor already killed the run (worker/ingest.py)
+            return None
+        except Exception as exc:
+            log.exception("job %s: supervising the run failed", job_id)
+            outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
+                                 f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
+    if lease.fenced.is_set():  # a newer attempt owns the job now: write nothing, upload nothing
+        return None
     if outcome.stopped_by == ErrorReason.shutdown_requeue:
-        return requeue_after_shutdown(job_id, settings, paths, outcome)
+        return requeue_after_shutdown(job_id, settings, paths, outcome, attempt)
     store_artifacts(job_id, settings, paths)
-    return record_outcome(job_id, settings, outcome)
+    return record_outcome(job_id, settings, outcome, attempt)
 
 
-def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome) -> str:
-    """Write the terminal status; a status some other writer already made terminal is left alone."""
+def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome, attempt: int | None = None) -> str:
+    """Write the terminal status; a status some other writer already made terminal is left alone.
+
+    ``attempt`` fences the write: a stale attempt's outcome is refused (and logged).
+    """
     with session_scope(settings.database_url) as session:
         latest = session.execute(select(Job.latest_metrics).where(Job.id == job_id)).scalar_one_or_none()
         new = outcome.status
         reason = outcome.reason if new != JobStatus.succeeded else None
         moved = transition(
             session, job_id, new, expect=JobStatus.running, reason=reason, message=outcome.message,
-            final_metrics=final_metrics(outcome.summary, latest), pid=None,
+            final_metrics=final_metrics(outcome.summary, latest), pid=None, attempt=attempt,
         )  # fmt: skip
         current = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
     if not moved:
@@ -111,11 +130,13 @@ def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome) -> str:
     return str(current)
 
 
-def requeue_after_shutdown(job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome) -> str:
+def requeue_after_shutdown(
+    job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome, attempt: int | None = None
+) -> str:
     """The worker is stopping: put the job back to resume from its checkpoint, or fail it if it has none."""
     status = requeue_or_fail(job_id, settings, has_checkpoint=newest_checkpoint(paths.output_dir) is not None,
                              message="the worker shut down while the job ran",
-                             requeue_reason=ErrorReason.shutdown_requeue)  # fmt: skip
+                             requeue_reason=ErrorReason.shutdown_requeue, attempt=attempt)  # fmt: skip
     if status != JobStatus.queued.value:
         store_artifacts(job_id, settings, paths)
     return status

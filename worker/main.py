@@ -1,10 +1,12 @@
-"""Start a worker: one Celery slot per GPU (or one on the CPU), after recovering orphaned jobs.
+"""Start a worker: one Celery slot per GPU (or one on the CPU), and the periodic sweep.
 
 Each slot is a ``celery -A worker.celery_app worker`` process with the solo pool (one job at a time;
 the job itself runs in its own process group anyway) and ``CUDA_VISIBLE_DEVICES`` set to its GPU.
 Slots get the settings through the environment, so a slot sees exactly what ``run_worker`` was given.
 Slots run in their own sessions: a Ctrl-C reaches only this process, which then asks every slot for a
 warm shutdown (their running jobs checkpoint and go back to the queue) and waits for them.
+Meanwhile this process writes the worker's heartbeat row and sweeps (worker/sweeper.py): jobs of lost
+workers go back to the queue, lost queue messages are sent again.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from types import FrameType
 
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
+from worker.paths import worker_name
 from worker.processes import spawn_child, stop_processes
-from worker.recovery import recover_orphaned_jobs
+from worker.sweeper import Sweeper, sweep
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +85,19 @@ def run_worker(
     """Serve ``queues`` until SIGTERM/SIGINT; blocks and returns an exit status.
 
     ``gpus`` (e.g. ``["0", "1"]``) starts one slot per GPU with ``CUDA_VISIBLE_DEVICES`` set; None
-    or empty starts one slot (CPU, or whatever devices the environment shows). Jobs left ``running``
-    by a dead worker are requeued or failed first (:func:`worker.recovery.recover_orphaned_jobs`).
+    or empty starts one slot (CPU, or whatever devices the environment shows). A first sweep runs
+    before the slots start (jobs left ``running`` by a dead worker are requeued or failed), then one
+    every ``TRAINJOBS_SWEEP_SECONDS`` while this worker holds the sweeper lease.
     """
     settings = settings or get_settings()
     if not queues:
         raise ValueError("queues: give at least one queue name")
-    recovered = recover_orphaned_jobs(settings)
-    if recovered:
-        log.info("recovered orphaned jobs: %s", recovered)
+    first = sweep(settings)
+    if first["recovered"] or first["redelivered"]:
+        log.info("first sweep: %s", first)
     procs = start_slots(queues, gpus, settings, loglevel)
+    sweeper = Sweeper(settings, queues, f"{worker_name()}-{os.getpid()}")
+    sweeper.slot_pids = [p.pid for p in procs]
     stopping = False
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -101,10 +107,12 @@ def run_worker(
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         while not stopping and all(p.poll() is None for p in procs):
+            sweeper.tick(time.monotonic())
             time.sleep(0.2)
     finally:
         # Running jobs get the cancel grace period to checkpoint, plus time to write it down.
         stop_slots(procs, settings.cancel_grace_seconds + 30)
+        sweeper.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     failed = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGTERM)]

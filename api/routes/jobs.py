@@ -29,6 +29,7 @@ from api.paths import check_spec_locations, resolve_uploaded_dataset
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
+from service_core.db.base import utcnow
 from service_core.db.jobstore import insert_job, transition
 from service_core.db.models import Job
 from service_core.keys import Caller
@@ -82,6 +83,8 @@ def create_job(
     spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
     estimate = estimate_for_submit(spec, queue, settings)
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
+    # The row is its own outbox record: stamped as sent by the same INSERT (no second round trip), so
+    # a crash before the send below leaves a queued job the workers' sweep sends again.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         job = insert_job(
             conn,
@@ -92,6 +95,7 @@ def create_job(
             spec=spec.model_dump(mode="json", exclude_unset=True),
             estimate=estimate,
             dataset_id=dataset_id,
+            enqueued_at=utcnow(),
         )
     try:
         enqueue(job.id, queue, body.priority, settings)
