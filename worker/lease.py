@@ -26,8 +26,11 @@ from service_core.settings import Settings
 log = logging.getLogger(__name__)
 
 
+RUN_MARKER = b"trainer_core"  # in every run's command line (worker/supervisor.py:train_command)
+
+
 def kill_own_runs() -> list[int]:
-    """SIGKILL the process group of every child of this process that leads its own group (its runs).
+    """SIGKILL the process group of every run this process started (a child leading its own group).
 
     Not a SIGTERM: a run asked to stop would checkpoint into a folder the newer attempt now owns.
     """
@@ -38,10 +41,11 @@ def kill_own_runs() -> list[int]:
             continue
         try:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
         pid, ppid, pgid = int(entry), int(fields[1]), int(fields[2])
-        if ppid == me and pgid == pid:
+        if ppid == me and pgid == pid and RUN_MARKER in cmdline:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
                 killed.append(pid)
