@@ -90,18 +90,20 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
     resume = newest_checkpoint(paths.output_dir) is not None
     log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
-    with LeaseKeeper(job_id, attempt, settings) as lease:
-        try:
-            outcome = supervise_run(
-                job_id, paths, session_factory(settings), resume=resume, grace_s=settings.cancel_grace_seconds,
-                should_stop=should_stop, estimate=estimate, attempt=attempt,
-            )  # fmt: skip
-        except FencedOut:  # the ingestor already killed the run (worker/ingest.py)
-            return None
-        except Exception as exc:
-            log.exception("job %s: supervising the run failed", job_id)
-            outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
-                                 f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
+    lease = LeaseKeeper(job_id, attempt, settings).start()
+    try:
+        outcome = supervise_run(
+            job_id, paths, session_factory(settings), resume=resume, grace_s=settings.cancel_grace_seconds,
+            should_stop=should_stop, estimate=estimate, attempt=attempt,
+        )  # fmt: skip
+    except FencedOut:  # the ingestor already killed the run (worker/ingest.py)
+        lease.fenced.set()
+    except Exception as exc:
+        log.exception("job %s: supervising the run failed", job_id)
+        outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
+                             f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
+    finally:
+        lease.stop()
     if lease.fenced.is_set():  # a newer attempt owns the job now: write nothing, upload nothing
         return None
     if outcome.stopped_by == ErrorReason.shutdown_requeue:
@@ -125,7 +127,8 @@ def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome, attempt
         )  # fmt: skip
         current = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
     if not moved:
-        log.warning("job %s: run ended %s but the job is already %s", job_id, outcome.status, current)
+        log.warning("job %s: run (attempt %s) ended %s but the job is already %s%s", job_id, attempt,
+                    outcome.status, current, "" if attempt is None else "; write refused")  # fmt: skip
     log.info("job %s: %s%s", job_id, current, f" ({outcome.reason})" if outcome.reason else "")
     return str(current)
 

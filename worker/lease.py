@@ -69,11 +69,11 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"lease-{job_id}", daemon=True)
 
-    def __enter__(self) -> LeaseKeeper:
+    def start(self) -> LeaseKeeper:
         self._thread.start()
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.every_s + 10)
 
