@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from sqlalchemy import make_url
+
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
 from worker.paths import worker_name
@@ -53,6 +55,21 @@ def slot_command(queues: Sequence[str], name: str, loglevel: str = "INFO") -> li
     ]  # fmt: skip
 
 
+def slot_database_url(settings: Settings) -> str:
+    """The slots' database URL: on PostgreSQL, the server ends a slot's transaction idle for a lease.
+
+    A slot frozen inside a transaction (SIGSTOP, a paused VM) would otherwise keep its job row locked
+    until TCP gives up, hours later, and the sweep could not requeue the job. A slot's transactions
+    last milliseconds. (SQLite has no such remedy: a process frozen while it writes holds the file.)
+    """
+    url = make_url(settings.database_url)
+    if url.get_backend_name() != "postgresql" or "options" in url.query:
+        return settings.database_url
+    timeout_ms = int(settings.lease_seconds * 1000)
+    options = {"options": f"-c idle_in_transaction_session_timeout={timeout_ms}"}
+    return url.update_query_dict(options).render_as_string(hide_password=False)
+
+
 def start_slots(
     queues: Sequence[str], gpus: Sequence[str] | None, settings: Settings, loglevel: str = "INFO"
 ) -> list[subprocess.Popen[bytes]]:
@@ -63,6 +80,8 @@ def start_slots(
     # Only what `settings` says: a variable of this process that it overrides with None must go.
     base_env = {k: v for k, v in os.environ.items() if k not in aliases}
     base_env.update(settings_env(settings))
+    if slot_database_url(settings) != settings.database_url:
+        base_env["DATABASE_URL"] = slot_database_url(settings)
     procs = []
     slots: list[str | None] = list(gpus) if gpus else [None]
     for gpu in slots:

@@ -21,6 +21,7 @@ queues, slots, how many run a job, and since when one has been idle.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -146,9 +147,12 @@ def redeliver_lost_messages(settings: Settings, now: datetime | None = None) -> 
     return sent
 
 
-def sweep(settings: Settings) -> dict[str, Any]:
-    """One sweep (the caller holds the sweeper lease, or is starting): recover orphans, re-send messages."""
-    recovered = recover_orphaned_jobs(settings)
+def sweep(settings: Settings, *, recover: bool = True) -> dict[str, Any]:
+    """One sweep (the caller holds the sweeper lease, or is starting): recover orphans, re-send messages.
+
+    ``recover=False`` leaves running jobs alone (the database was just away: see :class:`Sweeper`).
+    """
+    recovered = recover_orphaned_jobs(settings) if recover else {}
     if recovered:
         log.warning("recovered jobs of lost workers: %s", recovered)
     return {"recovered": recovered, "redelivered": redeliver_lost_messages(settings)}
@@ -161,6 +165,8 @@ class Sweeper:
         self.settings, self.queues, self.name = settings, list(queues), name
         self.slot_pids: list[int] = []
         self.next_beat = self.next_sweep = 0.0
+        # After the database was away, the slots renew their leases before anything is called lost.
+        self.recover_after = 0.0
 
     def tick(self, now: float) -> None:
         """Call often (monotonic ``now``); does what is due, and logs a database error instead of raising."""
@@ -168,12 +174,19 @@ class Sweeper:
             if now >= self.next_beat and self.slot_pids:
                 self.next_beat = now + self.settings.lease_renew_seconds
                 beat(self.settings, self.name, self.queues, self.slot_pids)
+                self._database_answered(now)
             if now >= self.next_sweep:
                 self.next_sweep = now + self.settings.sweep_seconds
                 if take_lease(self.settings, SWEEPER_LEASE, self.name, 2 * self.settings.sweep_seconds):
-                    sweep(self.settings)
+                    self._database_answered(now)
+                    sweep(self.settings, recover=now >= self.recover_after)
         except Exception:  # a database or broker blip: the next tick tries again
             log.exception("worker %s: heartbeat or sweep failed", self.name)
+            self.recover_after = math.inf
+
+    def _database_answered(self, now: float) -> None:
+        if self.recover_after == math.inf:  # back after an outage: two renewals' time before recovering
+            self.recover_after = now + 2 * self.settings.lease_renew_seconds
 
     def close(self) -> None:
         """Drop this worker's row and hand the sweeper lease on (best effort)."""
