@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
+import pytest
 from sqlalchemy import select, update
 
-from service_core.db import Job
+from service_core.db import Base, Job
 from service_core.db.base import utcnow
 from service_core.db.models import Lease, WorkerHeartbeat
-from service_core.db.session import session_scope
+from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
+from tests.faults.tcp_proxy import TcpProxy
 from worker.paths import worker_name
 from worker.sweeper import SWEEPER_LEASE, Sweeper, beat, redeliver_lost_messages, release_lease, take_lease
 
-from .conftest import JobFactory, load_job
+from .conftest import JobFactory, create_pg_database, drop_pg_database, load_job, make_settings
 from .test_recovery import queued_ids
 
 
@@ -95,3 +98,28 @@ def test_a_stopping_worker_leaves_the_registry(db_settings: Settings) -> None:
     with session_scope(db_settings.database_url) as s:
         assert s.execute(select(WorkerHeartbeat)).first() is None
         assert s.execute(select(Lease)).first() is None
+
+
+@pytest.mark.postgres
+def test_after_a_database_outage_the_sweep_gives_slots_time_to_renew(tmp_path: Path, make_job: JobFactory) -> None:
+    name, direct_url = create_pg_database("trainjobs_sweep_outage")
+    Base.metadata.create_all(get_engine(direct_url))
+    try:
+        with TcpProxy(("127.0.0.1", 5432)) as proxy:
+            url = direct_url.replace(":5432/", f":{proxy.port}/")
+            settings = make_settings(tmp_path, DATABASE_URL=url)
+            job_id = make_job(settings, status="running", attempts=1, worker="other-host", pid=1)
+            with session_scope(url) as s:  # its lease ran out while the database was away
+                s.execute(update(Job).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+            sweeper = Sweeper(settings, ["q"], "w-outage")
+            proxy.cut()
+            sweeper.tick(0.0)  # fails: logged, not raised
+            proxy.restore()
+            sweeper.tick(sweeper.next_sweep)  # back: the slot may not have renewed yet
+            assert load_job(settings, job_id).status == "running"
+            sweeper.tick(sweeper.next_sweep + 2 * settings.lease_renew_seconds)
+            assert load_job(settings, job_id).status == "failed"  # still not renewed: lost
+            get_engine(url).dispose()
+    finally:
+        get_engine(direct_url).dispose()
+        drop_pg_database(name)
