@@ -119,7 +119,9 @@ def recover_orphaned_jobs(settings: Settings, *, host: str | None = None) -> dic
     host = host or worker_name()
     now = utcnow()
     with session_scope(settings.database_url) as session:
-        running = session.execute(select(Job).where(Job.status == JobStatus.running.value)).scalars().all()
+        # Only candidates leave the database: a lease past (or none) anywhere, any job of this host.
+        candidate = or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now, Job.worker == host)
+        running = session.execute(select(Job).where(Job.status == JobStatus.running.value, candidate)).scalars().all()
         orphans = [(job.id, job.attempts, job.worker) for job in running
                    if is_orphaned(job, host, now, settings.lease_seconds)]  # fmt: skip
     results: dict[str, str] = {}

@@ -49,7 +49,8 @@ def take_lease(settings: Settings, name: str, holder: str, ttl_s: float) -> bool
     values: dict[str, Any] = {"holder": holder, "expires_at": now + timedelta(seconds=ttl_s)}
     with session_scope(settings.database_url) as session:
         mine = or_(Lease.holder == holder, Lease.expires_at < now)
-        if session.execute(update(Lease).where(Lease.name == name, mine).values(**values)).rowcount == 1:  # type: ignore[attr-defined]
+        result = session.execute(update(Lease).where(Lease.name == name, mine).values(**values))
+        if result.rowcount == 1:  # type: ignore[attr-defined]
             return True
     try:
         with session_scope(settings.database_url) as session:
