@@ -85,6 +85,7 @@ def create_job(
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
     # The row is its own outbox record: stamped as sent by the same INSERT (no second round trip), so
     # a crash before the send below leaves a queued job the workers' sweep sends again.
+    now = utcnow()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         job = insert_job(
             conn,
@@ -95,7 +96,8 @@ def create_job(
             spec=spec.model_dump(mode="json", exclude_unset=True),
             estimate=estimate,
             dataset_id=dataset_id,
-            enqueued_at=utcnow(),
+            created_at=now,
+            enqueued_at=now,
         )
     try:
         enqueue(job.id, queue, body.priority, settings)
