@@ -111,10 +111,9 @@ def workers(deployment: Deployment) -> Iterator[Callable[[str], subprocess.Popen
         return proc
 
     yield start
+    for pid in processes_mentioning(deployment.queue):  # a frozen slot cannot stop: wake every slot first
+        os.kill(pid, signal.SIGCONT)
     for proc in started:
-        with_stopped = [pid for pid in processes_mentioning(deployment.queue)]
-        for pid in with_stopped:  # a frozen slot cannot stop: wake everything first
-            os.kill(pid, signal.SIGCONT)
         stop(proc, 60)
 
 
