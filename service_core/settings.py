@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer_core.memory_overhead import OVERHEAD_ENV
@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     # queue name -> per-device GPU memory budget in GB, e.g. {"gpu-24g": 24, "gpu-80g": 80}
     queue_budgets: dict[str, float] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_BUDGETS")
     memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias=OVERHEAD_ENV)  # MiB
+    # Fault tolerance (README "Operations"): a running job's heartbeat lease, the sweep that requeues
+    # expired ones, and how old a queued job's message must be before the sweep re-sends it.
+    lease_seconds: float = Field(default=60.0, gt=0, validation_alias="TRAINJOBS_LEASE_SECONDS")
+    lease_renew_seconds: float = Field(default=10.0, gt=0, validation_alias="TRAINJOBS_LEASE_RENEW_SECONDS")
+    sweep_seconds: float = Field(default=30.0, gt=0, validation_alias="TRAINJOBS_SWEEP_SECONDS")
+    redeliver_after_seconds: float = Field(default=60.0, gt=0, validation_alias="TRAINJOBS_REDELIVER_AFTER_SECONDS")
     # How long an API process trusts a key it has checked; a revocation takes effect within this time.
     auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
     # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
@@ -53,6 +59,12 @@ class Settings(BaseSettings):
     submits_per_minute: int = Field(default=3000, ge=0, validation_alias="TRAINJOBS_SUBMITS_PER_MINUTE")
     uploads_per_minute: int = Field(default=60, ge=0, validation_alias="TRAINJOBS_UPLOADS_PER_MINUTE")
     metrics_token: str | None = Field(default=None, validation_alias="TRAINJOBS_METRICS_TOKEN")
+
+    @model_validator(mode="after")
+    def _renew_within_lease(self) -> Settings:
+        if self.lease_renew_seconds >= self.lease_seconds:
+            raise ValueError("TRAINJOBS_LEASE_RENEW_SECONDS must be shorter than TRAINJOBS_LEASE_SECONDS")
+        return self
 
     @field_validator("queue_budgets", mode="before")
     @classmethod

@@ -12,13 +12,15 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service_core.artifacts import ArtifactStore
-from service_core.db.jobstore import transition
+from service_core.db.base import utcnow
+from service_core.db.jobstore import FencedOut, transition
 from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.runs import RUN_LOG_NAME
@@ -26,6 +28,7 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint, read_progress
 from worker.db_retry import retry_database
+from worker.lease import LeaseKeeper
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
 from worker.recovery import requeue_or_fail
@@ -48,12 +51,19 @@ def session_factory(settings: Settings) -> Callable[[], Any]:
     return factory
 
 
-def claim_job(session: Session, job_id: str) -> bool:
-    """Move a queued job to running for this worker process; False if it is not queued any more."""
-    return transition(
-        session, job_id, JobStatus.running, expect=JobStatus.queued,
-        attempts=Job.attempts + 1, worker=worker_name(), pid=os.getpid(),
+def claim_job(session: Session, job_id: str, lease_s: float = 60.0) -> int | None:
+    """Move a queued job to running for this worker process, with a lease of ``lease_s``.
+
+    Returns the attempt number it claimed (the fencing token of every later write), or None when
+    the job is not queued any more.
+    """
+    moved = transition(
+        session, job_id, JobStatus.running, expect=JobStatus.queued, attempts=Job.attempts + 1,
+        worker=worker_name(), pid=os.getpid(), lease_expires_at=utcnow() + timedelta(seconds=lease_s),
     )  # fmt: skip
+    if not moved:
+        return None
+    return int(session.execute(select(Job.attempts).where(Job.id == job_id)).scalar_one())
 
 
 def final_metrics(summary: dict[str, Any], latest: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -77,44 +87,60 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     claimed = retry_database(lambda: claim(job_id, settings), f"job {job_id}: claim", CLAIM_BUDGET_S)
     if claimed is None:
         return None
-    spec, estimate = claimed
+    attempt, spec, estimate = claimed
     paths = run_paths(job_id, settings)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
     resume = newest_checkpoint(paths.output_dir) is not None
-    log.info("job %s: running in %s (resume=%s)", job_id, paths.output_dir, resume)
+    log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
+    lease = LeaseKeeper(job_id, attempt, settings).start()
     try:
         outcome = supervise_run(
             job_id, paths, session_factory(settings), resume=resume, grace_s=settings.cancel_grace_seconds,
-            should_stop=should_stop, estimate=estimate,
+            should_stop=should_stop, estimate=estimate, attempt=attempt,
         )  # fmt: skip
+    except FencedOut:  # the ingestor already killed the run (worker/ingest.py)
+        lease.fenced.set()
     except Exception as exc:
         log.exception("job %s: supervising the run failed", job_id)
         outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
                              f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
+    finally:
+        lease.stop()
+    if lease.fenced.is_set():  # a newer attempt owns the job now: write nothing, upload nothing
+        return None
     if outcome.stopped_by == ErrorReason.shutdown_requeue:
-        requeue = lambda: requeue_after_shutdown(job_id, settings, paths, outcome)  # noqa: E731
+        requeue = lambda: requeue_after_shutdown(job_id, settings, paths, outcome, attempt)  # noqa: E731
         return retry_database(requeue, f"job {job_id}: requeue")
     if outcome.status == JobStatus.failed and outcome.reason in RESTARTABLE:
-        restarted = retry_database(lambda: restart(job_id, settings, paths, outcome, spec), f"job {job_id}: restart")
+        restarted = retry_database(lambda: restart(job_id, settings, paths, outcome, spec, attempt),
+                                   f"job {job_id}: restart")  # fmt: skip
         if restarted:
             return JobStatus.queued.value
     store_artifacts(job_id, settings, paths)
-    return retry_database(lambda: record_outcome(job_id, settings, outcome), f"job {job_id}: outcome")
+    return retry_database(lambda: record_outcome(job_id, settings, outcome, attempt), f"job {job_id}: outcome")
 
 
-def claim(job_id: str, settings: Settings) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
-    """Claim the job; its spec and estimate, or None when this delivery is not the one to run it."""
+def claim(job_id: str, settings: Settings) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
+    """Claim the job; its attempt, spec and estimate, or None when this delivery is not the one to run it."""
     with session_scope(settings.database_url) as session:
-        if not claim_job(session, job_id):
+        attempt = claim_job(session, job_id, settings.lease_seconds)
+        if attempt is None:
             status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
             log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)
             return None
         job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        return dict(job.spec), job.estimate
+        return attempt, dict(job.spec), job.estimate
 
 
-def restart(job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome, spec: dict[str, Any]) -> bool:
+def restart(
+    job_id: str,
+    settings: Settings,
+    paths: RunPaths,
+    outcome: RunOutcome,
+    spec: dict[str, Any],
+    attempt: int | None = None,
+) -> bool:
     """Requeue after an infrastructure failure while the job has restarts left (:mod:`worker.restarts`).
 
     Without restarts left, ``outcome.message`` says so and the caller records the failure.
@@ -128,36 +154,42 @@ def restart(job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcom
     checkpoint = newest_checkpoint(paths.output_dir)
     start = f"from {checkpoint.name}" if checkpoint is not None else "from the start (no checkpoint yet)"
     with session_scope(settings.database_url) as session:
-        rewind_metrics(session, job_id, read_progress(checkpoint).global_step if checkpoint is not None else 0)
+        rewind_metrics(session, job_id, read_progress(checkpoint).global_step if checkpoint is not None else 0, attempt)
     message = f"{outcome.message}; restarting {start}, restart {used + 1} of {budget}"
     status = requeue_or_fail(job_id, settings, has_checkpoint=True, message=message,
-                             requeue_reason=ErrorReason.worker_lost)  # fmt: skip
+                             requeue_reason=ErrorReason.worker_lost, attempt=attempt)  # fmt: skip
     log.warning("job %s: %s", job_id, message)
     return status == JobStatus.queued.value
 
 
-def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome) -> str:
-    """Write the terminal status; a status some other writer already made terminal is left alone."""
+def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome, attempt: int | None = None) -> str:
+    """Write the terminal status; a status some other writer already made terminal is left alone.
+
+    ``attempt`` fences the write: a stale attempt's outcome is refused (and logged).
+    """
     with session_scope(settings.database_url) as session:
         latest = session.execute(select(Job.latest_metrics).where(Job.id == job_id)).scalar_one_or_none()
         new = outcome.status
         reason = outcome.reason if new != JobStatus.succeeded else None
         moved = transition(
             session, job_id, new, expect=JobStatus.running, reason=reason, message=outcome.message,
-            final_metrics=final_metrics(outcome.summary, latest), pid=None,
+            final_metrics=final_metrics(outcome.summary, latest), pid=None, attempt=attempt,
         )  # fmt: skip
         current = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
     if not moved:
-        log.warning("job %s: run ended %s but the job is already %s", job_id, outcome.status, current)
+        log.warning("job %s: run (attempt %s) ended %s but the job is already %s%s", job_id, attempt,
+                    outcome.status, current, "" if attempt is None else "; write refused")  # fmt: skip
     log.info("job %s: %s%s", job_id, current, f" ({outcome.reason})" if outcome.reason else "")
     return str(current)
 
 
-def requeue_after_shutdown(job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome) -> str:
+def requeue_after_shutdown(
+    job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome, attempt: int | None = None
+) -> str:
     """The worker is stopping: put the job back to resume from its checkpoint, or fail it if it has none."""
     status = requeue_or_fail(job_id, settings, has_checkpoint=newest_checkpoint(paths.output_dir) is not None,
                              message="the worker shut down while the job ran",
-                             requeue_reason=ErrorReason.shutdown_requeue)  # fmt: skip
+                             requeue_reason=ErrorReason.shutdown_requeue, attempt=attempt)  # fmt: skip
     if status != JobStatus.queued.value:
         store_artifacts(job_id, settings, paths)
     return status

@@ -7,6 +7,9 @@ or ``eval`` event (one row per value name) share that event's ``seq``, so "point
 
 Progress events arrive every step; rows for them are throttled to a few per second, but the job's
 ``progress_step`` always follows the newest one and the last progress event is always stored.
+
+Every write carries the attempt's fencing token: once the job was requeued or claimed again, a
+batch is refused whole (``FencedOut``) and this slot's run is killed (worker/lease.py).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from service_core.db.jobstore import add_events
+from service_core.db.jobstore import FencedOut, add_events, fence
 from service_core.db.models import Job, MetricPoint
 from trainer_core.events import Event
+from worker.lease import fenced_out
 
 SessionFactory = Callable[[], AbstractContextManager[Session]]
 
@@ -73,8 +77,12 @@ class EventIngestor:
         max_batch: int = 50,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         progress_rows_per_s: float = PROGRESS_ROWS_PER_SECOND,
+        attempt: int | None = None,
     ) -> None:
         self.job_id = job_id
+        # The claim's fencing token: with it, every write matches only while this attempt is running.
+        self.attempt = attempt
+        self.fence = fence(attempt) if attempt is not None else ()
         self.session_factory = session_factory
         self.max_batch = max_batch
         self.flush_interval_s = flush_interval_s
@@ -125,20 +133,31 @@ class EventIngestor:
         if not self.pending and held is None:
             return 0
         batch = list(self.pending)
-        with self.session_factory() as session:
-            self._write(session, batch)
-            if held is not None:
-                # Not stored as a row yet (throttled), but the job's fields follow it already.
-                session.execute(update(Job).where(Job.id == self.job_id).values(**self._progress_fields(held)))
+        try:
+            with self.session_factory() as session:
+                self._write(session, batch)
+                if held is not None:
+                    # Not stored as a row yet (throttled), but the job's fields follow it already.
+                    self._update_job(session, self._progress_fields(held))
+        except FencedOut as exc:
+            self.pending.clear()  # refused for good: nothing to try again
+            assert self.attempt is not None  # only a fenced write raises it
+            fenced_out(self.job_id, self.attempt, str(exc))
+            raise
         # Only now: a failed write (the database away) keeps the batch for the next try, in order.
         del self.pending[: len(batch)]
         return len(batch)
+
+    def _update_job(self, session: Session, fields: dict[str, Any]) -> None:
+        result = session.execute(update(Job).where(Job.id == self.job_id, *self.fence).values(**fields))
+        if self.attempt is not None and result.rowcount != 1:  # type: ignore[attr-defined]
+            raise FencedOut(f"job {self.job_id}: attempt {self.attempt} is not the running attempt; progress refused")
 
     def _write(self, session: Session, batch: list[Event]) -> None:
         if not batch:
             return
         rows = [(str(e["event"]), event_data(e), event_time(e)) for e in batch]
-        last_seq = add_events(session, self.job_id, rows)
+        last_seq = add_events(session, self.job_id, rows, attempt=self.attempt)
         first_seq = last_seq - len(batch) + 1
         fields: dict[str, Any] = {}
         points: list[MetricPoint] = []
@@ -170,7 +189,7 @@ class EventIngestor:
                 fields["measured_memory"] = self.measured_memory
         session.add_all(points)
         if fields:
-            session.execute(update(Job).where(Job.id == self.job_id).values(**fields))
+            self._update_job(session, fields)
 
     @staticmethod
     def _progress_fields(event: Event) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Start a worker: one Celery slot per GPU (or one on the CPU), after recovering orphaned jobs.
+"""Start a worker: one Celery slot per GPU (or one on the CPU), and the periodic sweep.
 
 Each slot is a ``celery -A worker.celery_app worker`` process with the solo pool (one job at a time;
 the job itself runs in its own process group anyway) and ``CUDA_VISIBLE_DEVICES`` set to its GPU.
 Slots get the settings through the environment, so a slot sees exactly what ``run_worker`` was given.
 Slots run in their own sessions: a Ctrl-C reaches only this process, which then asks every slot for a
 warm shutdown (their running jobs checkpoint and go back to the queue) and waits for them.
+Meanwhile this process writes the worker's heartbeat row and sweeps (worker/sweeper.py): jobs of lost
+workers go back to the queue, lost queue messages are sent again.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from sqlalchemy import make_url
+
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
+from worker.paths import worker_name
 from worker.processes import spawn_child, stop_processes
-from worker.recovery import recover_orphaned_jobs
+from worker.sweeper import Sweeper, sweep
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,21 @@ def slot_command(queues: Sequence[str], name: str, loglevel: str = "INFO") -> li
     ]  # fmt: skip
 
 
+def slot_database_url(settings: Settings) -> str:
+    """The slots' database URL: on PostgreSQL, the server ends a slot's transaction idle for a lease.
+
+    A slot frozen inside a transaction (SIGSTOP, a paused VM) would otherwise keep its job row locked
+    until TCP gives up, hours later, and the sweep could not requeue the job. A slot's transactions
+    last milliseconds. (SQLite has no such remedy: a process frozen while it writes holds the file.)
+    """
+    url = make_url(settings.database_url)
+    if url.get_backend_name() != "postgresql" or "options" in url.query:
+        return settings.database_url
+    timeout_ms = int(settings.lease_seconds * 1000)
+    options = {"options": f"-c idle_in_transaction_session_timeout={timeout_ms}"}
+    return url.update_query_dict(options).render_as_string(hide_password=False)
+
+
 def start_slots(
     queues: Sequence[str], gpus: Sequence[str] | None, settings: Settings, loglevel: str = "INFO"
 ) -> list[subprocess.Popen[bytes]]:
@@ -60,6 +80,8 @@ def start_slots(
     # Only what `settings` says: a variable of this process that it overrides with None must go.
     base_env = {k: v for k, v in os.environ.items() if k not in aliases}
     base_env.update(settings_env(settings))
+    if slot_database_url(settings) != settings.database_url:
+        base_env["DATABASE_URL"] = slot_database_url(settings)
     procs = []
     slots: list[str | None] = list(gpus) if gpus else [None]
     for gpu in slots:
@@ -82,16 +104,19 @@ def run_worker(
     """Serve ``queues`` until SIGTERM/SIGINT; blocks and returns an exit status.
 
     ``gpus`` (e.g. ``["0", "1"]``) starts one slot per GPU with ``CUDA_VISIBLE_DEVICES`` set; None
-    or empty starts one slot (CPU, or whatever devices the environment shows). Jobs left ``running``
-    by a dead worker are requeued or failed first (:func:`worker.recovery.recover_orphaned_jobs`).
+    or empty starts one slot (CPU, or whatever devices the environment shows). A first sweep runs
+    before the slots start (jobs left ``running`` by a dead worker are requeued or failed), then one
+    every ``TRAINJOBS_SWEEP_SECONDS`` while this worker holds the sweeper lease.
     """
     settings = settings or get_settings()
     if not queues:
         raise ValueError("queues: give at least one queue name")
-    recovered = recover_orphaned_jobs(settings)
-    if recovered:
-        log.info("recovered orphaned jobs: %s", recovered)
+    first = sweep(settings)
+    if first["recovered"] or first["redelivered"]:
+        log.info("first sweep: %s", first)
     procs = start_slots(queues, gpus, settings, loglevel)
+    sweeper = Sweeper(settings, queues, f"{worker_name()}-{os.getpid()}")
+    sweeper.slot_pids = [p.pid for p in procs]
     stopping = False
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -101,10 +126,12 @@ def run_worker(
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         while not stopping and all(p.poll() is None for p in procs):
+            sweeper.tick(time.monotonic())
             time.sleep(0.2)
     finally:
         # Running jobs get the cancel grace period to checkpoint, plus time to write it down.
         stop_slots(procs, settings.cancel_grace_seconds + 30)
+        sweeper.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     failed = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGTERM)]

@@ -1,10 +1,12 @@
 """Jobs whose worker died: never left ``running`` forever.
 
-Run when a worker starts (and when ``trainjobs dev`` starts). A ``running`` job is orphaned when it
-belongs to this host and the worker process that claimed it (``Job.pid``) is gone, or when its
-heartbeat (``updated_at``, refreshed by the supervisor every few seconds) is older than
-``stale_after_s`` wherever it ran. An orphan with a checkpoint goes back to the queue and resumes
-from it (its attempts are kept); one without fails with reason ``worker_lost``.
+Run by the sweep (worker/sweeper.py), every ``TRAINJOBS_SWEEP_SECONDS`` in every worker and once when a
+worker (or ``trainjobs dev``) starts. A ``running`` job is orphaned when its heartbeat lease
+(``lease_expires_at``, renewed by its slot, worker/lease.py) has run out, wherever it ran, or when it
+belongs to this host and the slot process that claimed it (``Job.pid``) is gone. An orphan with a
+checkpoint goes back to the queue and resumes from it (its attempts are kept; the next claim adds
+one, fencing the lost slot out); one without fails with reason ``worker_lost``. Both moves carry the
+attempt the sweep saw and an expired lease as conditions, so a slot that renewed meanwhile keeps its job.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import contextlib
 import logging
 import os
 import signal
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, or_, select
 
 from service_core.db.base import utcnow
 from service_core.db.jobstore import transition
@@ -28,8 +31,6 @@ from trainer_core.checkpoint import newest_checkpoint
 from worker.paths import run_paths, worker_name
 
 log = logging.getLogger(__name__)
-
-STALE_AFTER_S = 120.0
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -60,36 +61,52 @@ def kill_leftover_run(pid_file: Path) -> None:
     pid_file.unlink(missing_ok=True)
 
 
-def is_orphaned(job: Job, host: str, stale_after_s: float) -> bool:
+def lease_expiry(job: Job, lease_s: float) -> datetime:
+    """When ``job``'s lease runs out (a row without one: its last heartbeat plus a lease)."""
+    expiry = job.lease_expires_at or job.updated_at + timedelta(seconds=lease_s)
+    return expiry if expiry.tzinfo else expiry.replace(tzinfo=UTC)
+
+
+def is_orphaned(job: Job, host: str, now: datetime, lease_s: float) -> bool:
     """Whether nobody is running ``job`` any more (see the module docstring)."""
-    heartbeat = job.updated_at if job.updated_at.tzinfo else job.updated_at.replace(tzinfo=utcnow().tzinfo)
-    stale = utcnow() - heartbeat > timedelta(seconds=stale_after_s)
-    if job.worker == host:
-        return stale or not pid_alive(job.pid)
-    return stale
+    if lease_expiry(job, lease_s) < now:
+        return True
+    return job.worker == host and not pid_alive(job.pid)
 
 
 def requeue_or_fail(
-    job_id: str, settings: Settings, *, has_checkpoint: bool, message: str, requeue_reason: ErrorReason | None = None
+    job_id: str,
+    settings: Settings,
+    *,
+    has_checkpoint: bool,
+    message: str,
+    requeue_reason: ErrorReason | None = None,
+    attempt: int | None = None,
+    conditions: Sequence[ColumnElement[bool]] = (),
 ) -> str:
     """``running -> queued`` (and enqueue) with a checkpoint, else ``running -> failed/worker_lost``.
 
     ``requeue_reason`` (with ``message``) goes on the requeue's status event, when the cause is known.
+    ``attempt`` fences the move (only while that attempt still runs); ``conditions`` narrow it further.
     """
     from service_core.queue import enqueue_job
 
     with session_scope(settings.database_url) as session:
-        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        queue, priority = job.queue, job.priority
-        if has_checkpoint and not job.cancel_requested:
+        queue, priority, cancel_requested = session.execute(
+            select(Job.queue, Job.priority, Job.cancel_requested).where(Job.id == job_id)
+        ).one()
+        if has_checkpoint and not cancel_requested:
             moved = transition(session, job_id, JobStatus.queued, expect=JobStatus.running, worker=None, pid=None,
-                               reason=requeue_reason, message=message if requeue_reason else None)  # fmt: skip
+                               reason=requeue_reason, message=message if requeue_reason else None,
+                               attempt=attempt, conditions=conditions, enqueued_at=utcnow())  # fmt: skip
             new = JobStatus.queued
         else:
             moved = transition(session, job_id, JobStatus.failed, expect=JobStatus.running,
-                               reason=ErrorReason.worker_lost, message=message, pid=None)  # fmt: skip
+                               reason=ErrorReason.worker_lost, message=message, pid=None,
+                               attempt=attempt, conditions=conditions)  # fmt: skip
             new = JobStatus.failed
     if moved and new == JobStatus.queued:
+        # A crash before this send leaves the job queued and stamped: the sweep re-sends it.
         enqueue_job(job_id, queue, priority, settings)
         log.info("job %s requeued to resume from its checkpoint", job_id)
     elif moved:
@@ -97,20 +114,26 @@ def requeue_or_fail(
     return new.value if moved else "unchanged"
 
 
-def recover_orphaned_jobs(
-    settings: Settings, *, host: str | None = None, stale_after_s: float = STALE_AFTER_S
-) -> dict[str, str]:
+def recover_orphaned_jobs(settings: Settings, *, host: str | None = None) -> dict[str, str]:
     """Requeue or fail every orphaned running job; returns ``{job_id: new status}``."""
     host = host or worker_name()
+    now = utcnow()
     with session_scope(settings.database_url) as session:
-        running = session.execute(select(Job).where(Job.status == JobStatus.running.value)).scalars().all()
-        orphans = [job.id for job in running if is_orphaned(job, host, stale_after_s)]
+        # Only candidates leave the database: a lease past (or none) anywhere, any job of this host.
+        candidate = or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now, Job.worker == host)
+        running = session.execute(select(Job).where(Job.status == JobStatus.running.value, candidate)).scalars().all()
+        orphans = [(job.id, job.attempts, job.worker) for job in running
+                   if is_orphaned(job, host, now, settings.lease_seconds)]  # fmt: skip
     results: dict[str, str] = {}
-    for job_id in orphans:
+    for job_id, attempt, worker in orphans:
         paths = run_paths(job_id, settings)
-        kill_leftover_run(paths.pid_file)
+        if worker == host:  # a run pid file names a process of this machine only
+            kill_leftover_run(paths.pid_file)
         has_checkpoint = newest_checkpoint(paths.output_dir) is not None
+        # Still expired at the UPDATE: a slot that renewed since we looked keeps its job.
+        still_lost = (or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now, Job.worker == host),)
         results[job_id] = requeue_or_fail(
-            job_id, settings, has_checkpoint=has_checkpoint, message="the worker running this job was lost"
-        )
+            job_id, settings, has_checkpoint=has_checkpoint, message="the worker running this job was lost",
+            attempt=attempt, conditions=still_lost,
+        )  # fmt: skip
     return results

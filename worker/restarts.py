@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from service_core.db.models import JobEvent, MetricPoint
+from service_core.db.models import Job, JobEvent, MetricPoint
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.spec import ResourcesSpec
 
@@ -39,13 +39,16 @@ def restarts_used(session: Session, job_id: str) -> int:
     )
 
 
-def rewind_metrics(session: Session, job_id: str, checkpoint_step: int) -> int:
+def rewind_metrics(session: Session, job_id: str, checkpoint_step: int, attempt: int | None = None) -> int:
     """Drop the metric points an abandoned attempt logged after ``checkpoint_step``; how many.
 
     The resumed run trains those steps again and logs them anew, so without this a step would have
-    two points (the curve would double back). The attempt's events stay in the history.
+    two points (the curve would double back). The attempt's events stay in the history. ``attempt``
+    fences it like every worker write: nothing is dropped once another attempt owns the job.
     """
-    result = session.execute(
-        delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.step > checkpoint_step)
-    )
+    condition = [MetricPoint.job_id == job_id, MetricPoint.step > checkpoint_step]
+    if attempt is not None:
+        owned = select(Job.id).where(Job.id == job_id, Job.attempts == attempt, Job.status == JobStatus.running)
+        condition.append(owned.exists())
+    result = session.execute(delete(MetricPoint).where(*condition))
     return int(getattr(result, "rowcount", 0) or 0)

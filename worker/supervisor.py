@@ -28,6 +28,7 @@ from typing import IO, Any
 from sqlalchemy import select, update
 
 from service_core.db.base import utcnow
+from service_core.db.jobstore import fence
 from service_core.db.models import Job
 from service_core.db.session import DATABASE_UNAVAILABLE
 from service_core.status import ErrorReason
@@ -77,9 +78,13 @@ def supervise_run(
     grace_s: float = 30.0,
     should_stop: Callable[[], bool] = lambda: False,
     estimate: dict[str, Any] | None = None,
+    attempt: int | None = None,
 ) -> RunOutcome:
-    """Start the run, stream its events into the database, stop it when asked; returns how it ended."""
-    watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop)
+    """Start the run, stream its events into the database, stop it when asked; returns how it ended.
+
+    ``attempt`` is the claim's fencing token: writes of a stale attempt raise ``FencedOut``.
+    """
+    watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop, attempt=attempt)
     returncode = watch.run(resume=resume)
     tail = stderr_tail(paths.log_file, watch.log_start)
     return classify_exit(watch.done, returncode, watch.stopped_by, tail, estimate)
@@ -96,10 +101,11 @@ class RunWatch:
         *,
         grace_s: float,
         should_stop: Callable[[], bool],
+        attempt: int | None = None,
     ) -> None:
         self.job_id, self.paths, self.session_factory = job_id, paths, session_factory
-        self.grace_s, self.should_stop = grace_s, should_stop
-        self.ingestor = EventIngestor(job_id, session_factory)
+        self.grace_s, self.should_stop, self.attempt = grace_s, should_stop, attempt
+        self.ingestor = EventIngestor(job_id, session_factory, attempt=attempt)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.done: Event | None = None
         self.stopped_by: ErrorReason | None = None
@@ -201,7 +207,8 @@ class RunWatch:
     def heartbeat(self) -> None:
         # Recovery tells a live job from an orphan by this timestamp.
         with self.session_factory() as session:
-            session.execute(update(Job).where(Job.id == self.job_id).values(updated_at=utcnow()))
+            fenced = fence(self.attempt) if self.attempt is not None else ()
+            session.execute(update(Job).where(Job.id == self.job_id, *fenced).values(updated_at=utcnow()))
 
     def finish(self, proc: subprocess.Popen[str]) -> None:
         if proc.poll() is None:  # we are leaving on an error: do not leave the run behind

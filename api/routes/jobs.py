@@ -30,6 +30,7 @@ from api.problems import Problem
 from api.quotas import check_queued_quota
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut, JobSummary
+from service_core.db.base import utcnow
 from service_core.db.jobstore import insert_job, transition
 from service_core.db.models import Job
 from service_core.keys import Caller
@@ -83,6 +84,9 @@ def create_job(
     spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
     estimate = estimate_for_submit(spec, queue, settings)
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
+    # The row is its own outbox record: stamped as sent by the same INSERT (no second round trip), so
+    # a crash before the send below leaves a queued job the workers' sweep sends again.
+    now = utcnow()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         check_queued_quota(conn, caller.owner, settings.max_queued_per_owner)
         job = insert_job(
@@ -94,6 +98,8 @@ def create_job(
             spec=spec.model_dump(mode="json", exclude_unset=True),
             estimate=estimate,
             dataset_id=dataset_id,
+            created_at=now,
+            enqueued_at=now,
         )
     try:
         enqueue(job.id, queue, body.priority, settings)

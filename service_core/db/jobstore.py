@@ -2,21 +2,42 @@
 
 Status moves only forward (``can_transition``); a terminal status is never overwritten. Both the API
 (cancelling a queued job) and the worker (everything else) go through :func:`transition`.
+
+Fencing: a worker's writes for a job carry the attempt it claimed (``jobs.attempts``, incremented by
+each claim) and match only while the job is still ``running`` that attempt (:func:`fence`). A stale
+worker (frozen past its lease, its job requeued and claimed again) writes nothing: its UPDATEs match
+no row, and its events are refused in the same transaction that would have numbered them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Table, insert, select, update
 from sqlalchemy.orm import Session
 
 from service_core.db.base import utcnow
 from service_core.db.models import Job, JobEvent
 from service_core.db.session import allocate_seqs
 from service_core.status import ErrorReason, JobStatus, can_transition
+
+
+class FencedOut(Exception):
+    """A worker's write for an attempt of a job that is no longer the current running one."""
+
+
+def fence(attempt: int) -> tuple[ColumnElement[bool], ...]:
+    """The WHERE conditions of a write by the worker running ``attempt``: still running, still that attempt."""
+    return (Job.attempts == attempt, Job.status == JobStatus.running.value)
+
+
+def renew_lease(session: Session, job_id: str, attempt: int, lease_s: float) -> bool:
+    """Extend a running job's lease by ``lease_s`` from now; False when ``attempt`` is fenced out."""
+    expires = utcnow() + timedelta(seconds=lease_s)
+    result = session.execute(update(Job).where(Job.id == job_id, *fence(attempt)).values(lease_expires_at=expires))
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def insert_job(conn: Connection, **values: Any) -> Job:
@@ -45,11 +66,23 @@ def insert_job(conn: Connection, **values: Any) -> Job:
     return Job(**row)
 
 
-def add_events(session: Session, job_id: str, events: Sequence[tuple[str, dict[str, Any], datetime | None]]) -> int:
-    """Append ``(kind, data, time)`` events with consecutive seqs; returns the last seq (0 if none)."""
+def add_events(
+    session: Session,
+    job_id: str,
+    events: Sequence[tuple[str, dict[str, Any], datetime | None]],
+    *,
+    attempt: int | None = None,
+) -> int:
+    """Append ``(kind, data, time)`` events with consecutive seqs; returns the last seq (0 if none).
+
+    With ``attempt`` (a worker's fencing token) the events are refused, :class:`FencedOut`, unless that
+    attempt is the job's running one; the check is the same UPDATE that numbers them.
+    """
     if not events:
         return 0
-    first = allocate_seqs(session, job_id, len(events))
+    first = allocate_seqs(session, job_id, len(events), *(fence(attempt) if attempt is not None else ()))
+    if first is None:
+        raise FencedOut(f"job {job_id}: attempt {attempt} is not the running attempt; {len(events)} events refused")
     session.add_all(
         JobEvent(job_id=job_id, seq=first + i, kind=kind, data=data, time=time or utcnow())
         for i, (kind, data, time) in enumerate(events)
@@ -65,6 +98,8 @@ def transition(
     reason: ErrorReason | None = None,
     message: str | None = None,
     expect: JobStatus | None = None,
+    attempt: int | None = None,
+    conditions: Sequence[ColumnElement[bool]] = (),
     **fields: Any,
 ) -> bool:
     """Move a job to ``new`` if allowed (and if it is still ``expect``, when given).
@@ -72,12 +107,16 @@ def transition(
     A compare-and-set UPDATE, so two processes racing to move the same job cannot both win: the
     loser sees ``False`` and must leave the job alone. Writes a ``status`` event on success. ``reason``
     and ``message`` are stored on the job when ``new`` is terminal, and go on the event either way.
+    ``attempt`` is a worker's fencing token: the move happens only while the job's ``attempts`` is
+    still that number. ``conditions`` are further WHERE clauses the row must meet at the UPDATE.
     """
-    current = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
-    if current is None:
+    row = session.execute(select(Job.status, Job.attempts).where(Job.id == job_id)).one_or_none()
+    if row is None:
         return False
-    current_status = JobStatus(current)
+    current_status = JobStatus(row.status)
     if expect is not None and current_status != expect:
+        return False
+    if attempt is not None and row.attempts != attempt:
         return False
     if not can_transition(current_status, new):
         return False
@@ -85,13 +124,18 @@ def transition(
     values: dict[str, Any] = {"status": new.value, "updated_at": now, **fields}
     if new == JobStatus.running:
         values.setdefault("started_at", now)
+    else:
+        values.setdefault("lease_expires_at", None)  # only a running attempt holds a lease
     if new.terminal:
         values["finished_at"] = now
         if reason is not None:
             values["error_reason"] = reason.value
         if message is not None:
             values["error_message"] = message
-    result = session.execute(update(Job).where(Job.id == job_id, Job.status == current_status.value).values(**values))
+    where = [Job.id == job_id, Job.status == current_status.value, *conditions]
+    if attempt is not None:
+        where.append(Job.attempts == attempt)
+    result = session.execute(update(Job).where(*where).values(**values))
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
     data: dict[str, Any] = {"status": new.value, "previous": current_status.value}

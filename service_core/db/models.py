@@ -95,6 +95,35 @@ class Job(Base):
     pid: Mapped[int | None] = mapped_column(Integer, default=None)
     # Last event sequence number handed out for this job (events and metric points share it).
     last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The running attempt's heartbeat lease (renewed by its slot); the sweep requeues it once past.
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The outbox mark: when the newest queue message for this job was sent (the submit stamps it in
+    # its INSERT); NULL means never sent. The sweep re-sends a queued job whose message looks lost.
+    enqueued_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Lease(Base):
+    """A named lease one process holds at a time (the sweeper's): taken when free or expired."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(256))
+    expires_at: Mapped[datetime] = mapped_column()
+
+
+class WorkerHeartbeat(Base):
+    """One live worker: the queues its slots consume and whether a slot is idle (for redelivery)."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    queues: Mapped[list[Any]] = mapped_column()
+    slots: Mapped[int] = mapped_column(Integer)
+    busy: Mapped[int] = mapped_column(Integer, default=0)
+    # Since when at least one slot has been idle without a break; NULL while every slot is busy.
+    idle_since: Mapped[datetime | None] = mapped_column(default=None)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class JobEvent(Base):

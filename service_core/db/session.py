@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text, update
+from sqlalchemy import ColumnElement, Engine, create_engine, event, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -74,18 +74,19 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         session.close()
 
 
-def allocate_seqs(session: Session, job_id: str, count: int) -> int:
+def allocate_seqs(session: Session, job_id: str, count: int, *conditions: ColumnElement[bool]) -> int | None:
     """Reserve ``count`` event numbers for a job atomically; returns the first one.
 
     A single UPDATE ... RETURNING is atomic on PostgreSQL and SQLite alike, so the API and a worker
-    writing events for the same job never hand out the same number.
+    writing events for the same job never hand out the same number. ``conditions`` (a fencing token)
+    narrow the UPDATE: when the row no longer matches them nothing is reserved and None comes back.
     """
     from service_core.db.models import Job
 
     last = session.execute(
-        update(Job).where(Job.id == job_id).values(last_seq=Job.last_seq + count).returning(Job.last_seq)
-    ).scalar_one()
-    return int(last) - count + 1
+        update(Job).where(Job.id == job_id, *conditions).values(last_seq=Job.last_seq + count).returning(Job.last_seq)
+    ).scalar_one_or_none()
+    return None if last is None else int(last) - count + 1
 
 
 def ping(session: Session) -> None:

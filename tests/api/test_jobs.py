@@ -52,6 +52,8 @@ def test_submit_stores_estimates_and_enqueues(
     assert body["spec"]["dataset"]["data_files"]["train"] == f"{settings.data_root.as_posix()}/reviews/train.csv"
     stored = session.get(Job, body["id"])
     assert stored is not None and stored.spec == body["spec"]
+    # the row is its own outbox record: marked sent by the same INSERT (no second statement)
+    assert stored.enqueued_at is not None and stored.enqueued_at == stored.created_at
     assert drain_broker(settings, settings.default_queue) == [{"task": "trainjobs.run_job", "args": [body["id"]]}]
 
 

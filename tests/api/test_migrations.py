@@ -64,8 +64,11 @@ def test_downgrade_removes_everything(empty_database: str) -> None:
     engine.dispose()
 
 
-def test_one_initial_revision() -> None:
+def test_revisions_form_one_chain_from_the_initial_one() -> None:
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert [rev.revision for rev in script.walk_revisions()] == ["0002", "0001"]
+    assert len(script.get_heads()) == 1  # no branches: every migration revises the previous head
+    chain = [rev.revision for rev in script.walk_revisions()]  # head first, down to the base
+    assert chain[-1] == "0001"
+    assert len(chain) == len(set(chain))

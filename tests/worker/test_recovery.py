@@ -59,10 +59,10 @@ def test_orphans_are_requeued_or_failed_and_live_jobs_left_alone(
     elsewhere = make_job(db_settings, spec, status="running", attempts=1, worker="other-host", pid=1)
     stale = make_job(db_settings, spec, status="running", attempts=1, worker="other-host", pid=1)
     with session_scope(db_settings.database_url) as s:
-        s.execute(update(Job).where(Job.id == stale).values(updated_at=utcnow() - timedelta(hours=1)))
+        s.execute(update(Job).where(Job.id == stale).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     write_checkpoint(run_paths(with_ckpt, db_settings).output_dir, spec)
 
-    results = recover_orphaned_jobs(db_settings, stale_after_s=120)
+    results = recover_orphaned_jobs(db_settings)
 
     assert results == {with_ckpt: "queued", without: "failed", stale: "failed"}
     requeued = load_job(db_settings, with_ckpt)

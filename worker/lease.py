@@ -1,0 +1,95 @@
+"""A running job's heartbeat lease, kept by the slot that runs it, and what a fenced-out slot does.
+
+The claim gives the attempt a lease of ``TRAINJOBS_LEASE_SECONDS``; :class:`LeaseKeeper` renews it
+every ``TRAINJOBS_LEASE_RENEW_SECONDS`` from a thread of the slot process. A slot frozen (SIGSTOP, a
+paused VM, a lost host) stops renewing, and the sweep (worker/sweeper.py) requeues its job once the
+lease has run out. When the frozen slot wakes up, its renewal (or any other write) is refused by the
+fencing token (service_core/db/jobstore.py:fence): it kills its run at once, without a checkpoint,
+because the job and its output folder now belong to the newer attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from service_core.db.jobstore import renew_lease
+from service_core.db.session import session_scope
+from service_core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+RUN_MARKER = b"trainer_core"  # in every run's command line (worker/supervisor.py:train_command)
+
+
+def kill_own_runs() -> list[int]:
+    """SIGKILL the process group of every run this process started (a child leading its own group).
+
+    Not a SIGTERM: a run asked to stop would checkpoint into a folder the newer attempt now owns.
+    """
+    me = os.getpid()
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        pid, ppid, pgid = int(entry), int(fields[1]), int(fields[2])
+        if ppid == me and pgid == pid and RUN_MARKER in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def fenced_out(job_id: str, attempt: int, what: str) -> None:
+    """A write of ``attempt`` was refused: log it and end this slot's run of the job."""
+    killed = kill_own_runs()
+    log.error("job %s: attempt %d is fenced out (%s refused); killed its run %s", job_id, attempt, what, killed)
+
+
+class LeaseKeeper:
+    """Renews one attempt's lease from a daemon thread until stopped, or until the attempt is fenced out."""
+
+    def __init__(self, job_id: str, attempt: int, settings: Settings) -> None:
+        self.job_id, self.attempt = job_id, attempt
+        self.url, self.lease_s = settings.database_url, settings.lease_seconds
+        self.every_s = settings.lease_renew_seconds
+        self.fenced = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"lease-{job_id}", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.every_s + 10)
+
+    def renew(self) -> bool:
+        """One renewal; False (and the run killed) when the attempt is fenced out."""
+        with session_scope(self.url) as session:
+            renewed = renew_lease(session, self.job_id, self.attempt, self.lease_s)
+        if not renewed:
+            self.fenced.set()
+            fenced_out(self.job_id, self.attempt, "lease renewal")
+        return renewed
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                if not self.renew():
+                    return
+            except SQLAlchemyError as exc:  # a database blip: the lease has slack, try again next time
+                log.warning("job %s: renewing the lease failed (%s); retrying", self.job_id, exc)
