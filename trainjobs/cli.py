@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "submit": "trainjobs.commands.remote",
     "jobs": "trainjobs.commands.remote",
     "datasets": "trainjobs.commands.remote",
+    "gc": "trainjobs.commands.gc",
 }
 
 
