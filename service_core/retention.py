@@ -59,13 +59,14 @@ def old_job_ids(session: Session, cutoff: datetime, limit: int, after: str | Non
     return list(session.execute(query.order_by(Job.id).limit(limit)).scalars())
 
 
-def _delete_rows(maker: sessionmaker[Session], model: type[MetricPoint] | type[JobEvent], job_id: str,
+def _delete_rows(maker: sessionmaker[Session], model: type[MetricPoint] | type[JobEvent], job_ids: list[str],
                  batch_rows: int) -> tuple[int, int]:  # fmt: skip
-    """All of one job's rows of ``model``, ``batch_rows`` per transaction; (rows, batches)."""
+    """All rows of ``model`` of these jobs, ``batch_rows`` per transaction; (rows, batches)."""
     total = batches = 0
     while True:
         with maker() as session, session.begin():
-            ids = list(session.execute(select(model.id).where(model.job_id == job_id).limit(batch_rows)).scalars())
+            query = select(model.id).where(model.job_id.in_(job_ids)).limit(batch_rows)
+            ids = list(session.execute(query).scalars())
             if ids:
                 session.execute(delete(model).where(model.id.in_(ids)))
         if not ids:
@@ -104,19 +105,17 @@ def collect_garbage(
         report.jobs += len(ids)
         if dry_run:
             continue
-        for job_id in ids:
-            for model, field in ((MetricPoint, "metric_points"), (JobEvent, "events")):
-                rows, batches = _delete_rows(maker, model, job_id, batch_rows)
-                setattr(report, field, getattr(report, field) + rows)
-                report.batches += batches
-            if keep_artifacts:
-                continue
-            assert artifacts is not None
-            job_dir = artifacts.job_dir(job_id)
-            if artifacts.fs.exists(job_dir):
-                artifacts.fs.rm(job_dir, recursive=True)
-                report.artifact_dirs += 1
+        for model, field in ((MetricPoint, "metric_points"), (JobEvent, "events")):
+            rows, batches = _delete_rows(maker, model, ids, batch_rows)
+            setattr(report, field, getattr(report, field) + rows)
+            report.batches += batches
         if not keep_artifacts:
+            assert artifacts is not None
+            for job_id in ids:
+                job_dir = artifacts.job_dir(job_id)
+                if artifacts.fs.exists(job_dir):
+                    artifacts.fs.rm(job_dir, recursive=True)
+                    report.artifact_dirs += 1
             with maker() as session, session.begin():
                 # Terminal statuses are final, so the filter only guards against a hand-edited row.
                 session.execute(delete(Job).where(Job.id.in_(ids), Job.status.in_(TERMINAL), Job.finished_at < cutoff))

@@ -66,7 +66,7 @@ def test_gc_deletes_old_finished_jobs_with_their_history_and_artifacts_in_batche
     maker, store, jobs = world
     report = collect_garbage(maker, timedelta(days=90), artifacts=store, batch_rows=5, batch_jobs=1)
     assert (report.jobs, report.metric_points, report.events, report.artifact_dirs) == (2, 2 * POINTS, 2 * EVENTS, 2)
-    # 12 points in batches of 5 -> 3 deletes, 5 events -> 1, plus the job row: per job
+    # one job at a time: 12 points in batches of 5 -> 3 deletes, 5 events -> 1, plus the job row
     assert report.batches == 2 * (3 + 1 + 1)
     with maker() as db:
         for name in ("old_succeeded", "old_failed"):
@@ -77,6 +77,16 @@ def test_gc_deletes_old_finished_jobs_with_their_history_and_artifacts_in_batche
             assert Path(store.job_dir(jobs[name]), "model.safetensors").is_file()
     again = collect_garbage(maker, timedelta(days=90), artifacts=store)
     assert again.jobs == 0
+
+
+def test_gc_batches_rows_across_jobs(world: tuple) -> None:
+    maker, store, jobs = world
+    report = collect_garbage(maker, timedelta(days=90), artifacts=store, batch_rows=10, batch_jobs=100)
+    # both old jobs in one batch: 24 points in deletes of 10 -> 3, 10 events -> 1, the job rows -> 1
+    assert (report.jobs, report.metric_points, report.events, report.batches) == (2, 2 * POINTS, 2 * EVENTS, 5)
+    with maker() as db:
+        assert counts(db, jobs["old_failed"]) == (0, 0, 0)
+        assert counts(db, jobs["running"]) == (1, POINTS, EVENTS)
 
 
 def test_keep_artifacts_keeps_the_job_rows_and_files_and_drops_only_history(world: tuple) -> None:
