@@ -124,6 +124,7 @@ class Service:
     data_root: Path
     worker_queue: str
     worker_log: Path
+    database_url: str = ""
 
 
 def service_env(settings_env: dict[str, str]) -> dict[str, str]:
@@ -174,7 +175,7 @@ def running_service(api_workers: int) -> Iterator[Service]:
                       "--workers", str(api_workers), "--no-access-log"])  # fmt: skip
         start("worker", [sys.executable, "-m", "worker.main", "--queues", worker_queue])
         service = Service(f"http://127.0.0.1:{port}", api_key, home, settings.data_root, worker_queue,
-                          logs / "worker.log")  # fmt: skip
+                          logs / "worker.log", settings.database_url)  # fmt: skip
         wait_until_ready(service, procs)
         yield service
     except BaseException:

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "submit": "trainjobs.commands.remote",
     "jobs": "trainjobs.commands.remote",
     "datasets": "trainjobs.commands.remote",
+    "gc": "trainjobs.commands.gc",
 }
 # The extra a command needs beyond `pip install trainjobs` (the remote commands need none).
 EXTRAS: dict[str, str] = {"train": "train", "estimate": "train", "serve": "server", "worker": "all", "dev": "all",

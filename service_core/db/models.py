@@ -63,6 +63,10 @@ class Job(Base):
         # keyset pagination: newest first, per owner and status
         Index("ix_jobs_owner_created", "owner", "created_at", "id"),
         Index("ix_jobs_status_created", "status", "created_at", "id"),
+        # an admin's list of every owner's jobs, newest first: no full sort of a long history
+        Index("ix_jobs_created", "created_at", "id"),
+        # retention (service_core.retention): finished jobs older than a cutoff
+        Index("ix_jobs_finished", "finished_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,11 +65,47 @@ def test_downgrade_removes_everything(empty_database: str) -> None:
     engine.dispose()
 
 
-def test_revisions_form_one_chain_from_the_initial_one() -> None:
+def test_one_linear_chain_from_the_initial_revision() -> None:
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert len(script.get_heads()) == 1  # no branches: every migration revises the previous head
-    chain = [rev.revision for rev in script.walk_revisions()]  # head first, down to the base
-    assert chain[-1] == "0001"
-    assert len(chain) == len(set(chain))
+    assert len(script.get_heads()) == 1
+    revisions = list(script.walk_revisions())  # head first
+    assert revisions[-1].revision == "0001"
+    for newer, older in itertools.pairwise(revisions):
+        assert newer.down_revision == older.revision
+
+
+def jobs_indexes(url: str) -> dict[str, list[str]]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        found = {ix["name"]: list(ix["column_names"]) for ix in inspect(conn).get_indexes("jobs")}
+    engine.dispose()
+    return found
+
+
+# 0004 (history indexes): the admin list across owners and retention by finish time.
+HISTORY_INDEXES = {"ix_jobs_created": ["created_at", "id"], "ix_jobs_finished": ["finished_at"]}
+
+
+def test_history_indexes_added_over_existing_jobs_and_removed_by_downgrade(empty_database: str) -> None:
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0001")
+    engine = create_engine(empty_database)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, owner, name, status, queue, priority, spec, created_at, updated_at, "
+            "progress_step, attempts, cancel_requested, last_seq) VALUES ('j1', 'alice', 'n', 'succeeded', "
+            "'default', 0, '{}', '2026-01-01 00:00:00+00:00', '2026-01-01 00:00:00+00:00', 0, 0, false, 0)"
+        ))  # fmt: skip
+    assert not set(HISTORY_INDEXES) & set(jobs_indexes(empty_database))
+
+    command.upgrade(config, "0004")
+    found = jobs_indexes(empty_database)
+    assert {name: found.get(name) for name in HISTORY_INDEXES} == HISTORY_INDEXES
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT id FROM jobs")).scalars().all() == ["j1"]  # data untouched
+
+    command.downgrade(config, "0001")
+    assert not set(HISTORY_INDEXES) & set(jobs_indexes(empty_database))
+    engine.dispose()

@@ -4,7 +4,7 @@
 storages (parameters excluded, autocast's 16-bit weight copies included) are the activation memory of
 the micro-batch. Compared only where the CPU runs the same kind of attention kernel as CUDA: SDPA
 without attention dropout, which keeps no score matrix (with dropout the CPU falls back to the math
-path and stores scores, where CUDA's kernels do not). The GPU check is bench/gpu_memory_check.py.
+path and stores scores, where CUDA's kernels do not). The GPU check is bench/gpu_check.py.
 """
 
 from __future__ import annotations
