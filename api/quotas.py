@@ -17,8 +17,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import CALLER_SCOPE_KEY
 from api.problems import Problem, problem_response
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
 from service_core.keys import Caller
+from service_core.status import JobStatus
 
 # (method, path) -> the action whose rate is limited, and the setting that sets it.
 RATE_LIMITED = {

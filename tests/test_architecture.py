@@ -158,3 +158,22 @@ def test_no_import_cycles() -> None:
     graph = import_graph()
     found = [f"{' -> '.join(shortest_cycle(graph, c))}  (the circle: {', '.join(c)})" for c in circles(graph)]
     assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def test_the_status_vocabulary_is_imported_from_its_one_home() -> None:
+    """JobStatus & co. live in service_core/status.py; importing them through another module (the db
+    models re-exported them once) would make that module a second place to look them up."""
+    import service_core.status
+
+    vocabulary = {name for name in vars(service_core.status) if not name.startswith("_") and name.isidentifier()}
+    vocabulary -= {"annotations", "enum"}
+    strays = []
+    for path in sorted(REPO.glob("**/*.py")):
+        if ".venv" in path.parts or path.name == "status.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGES):
+                if node.module != "service_core.status":
+                    strays += [f"{path.relative_to(REPO)}:{node.lineno} {alias.name} from {node.module}"
+                               for alias in node.names if alias.name in vocabulary]  # fmt: skip
+    assert strays == []

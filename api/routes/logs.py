@@ -25,9 +25,10 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import OwnedJob, get_sessionmaker_for
 from api.schemas.common import problem_responses
 from service_core.artifacts import ArtifactStore
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
 from service_core.runs import RUN_LOG_NAME, run_work_dir
 from service_core.settings import Settings
+from service_core.status import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["logs"], responses=problem_responses(401, 404, 422))
 

@@ -13,8 +13,9 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from api.routes.logs import live_log
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job
 from service_core.settings import Settings
+from service_core.status import JobStatus
 from tests.api.conftest import Keys, add_job
 
 # Multi-byte characters on purpose: a page must never cut one in half.

@@ -13,11 +13,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service_core.artifacts import ArtifactStore
-from service_core.db import Job, JobEvent, JobStatus, MetricPoint
+from service_core.db import Job, JobEvent, MetricPoint
 from service_core.db.base import utcnow
 from service_core.db.session import make_engine
 from service_core.retention import collect_garbage, parse_age
 from service_core.settings import Settings
+from service_core.status import JobStatus
 from tests.api.conftest import add_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from api.main import create_app
 from service_core.db.jobstore import add_events, transition
-from service_core.db.models import JobStatus
 from service_core.settings import Settings
+from service_core.status import JobStatus
 from tests.api.conftest import Keys, add_job
 from tests.api.live import serve
 
