@@ -172,8 +172,9 @@ def test_the_status_vocabulary_is_imported_from_its_one_home() -> None:
         if ".venv" in path.parts or path.name == "status.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGES):
-                if node.module != "service_core.status":
-                    strays += [f"{path.relative_to(REPO)}:{node.lineno} {alias.name} from {node.module}"
-                               for alias in node.names if alias.name in vocabulary]  # fmt: skip
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.startswith(PACKAGES) and module != "service_core.status":
+                assert isinstance(node, ast.ImportFrom)
+                strays += [f"{path.relative_to(REPO)}:{node.lineno} {alias.name} from {module}"
+                           for alias in node.names if alias.name in vocabulary]  # fmt: skip
     assert strays == []
