@@ -102,3 +102,29 @@ def test_causal_lm_counts_the_fp32_logits() -> None:
     estimate = estimate_memory(llm_spec("llama", None))
     (part,) = [p for p in estimate.parts if p.name == "logits_fp32"]
     assert part.bytes == 8 * 16 * 300 * 4  # b x s x vocab x 4 B
+
+
+@pytest.mark.parametrize("kind", ["text", "image"])
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])
+def test_lora_on_classification_trains_a_copy_of_the_head(kind: str, optimizer: str) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from tests.trainer_core.memory.conftest import TINY_CONFIGS, tiny_batch
+    from trainer_core.modeling import MODEL_CLASSES, config_from_dict
+    from trainer_core.torch_optim import optimizer_state_bytes
+
+    task, config = TINY_CONFIGS[kind]
+    doc = {"name": "cls", "task": task, "model": {"config": dict(config)}, "dataset": {"path": "csv"}}
+    spec = parse_spec({**doc, "adapter": {"type": "lora", "r": 8}, "optimizer": {"name": optimizer}})
+    estimate = estimate_memory(spec)
+    torch.manual_seed(0)
+    base = MODEL_CLASSES[task].from_config(config_from_dict(dict(config)))
+    lora = LoraConfig(r=8, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="SEQ_CLS")
+    model = get_peft_model(base, lora)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    state = build_optimizer(model, spec.optimizer, 1e-3, 0.01)
+    model(**tiny_batch(kind)).loss.backward()
+    state.step()
+    assert estimate.parameter_bytes == storage_bytes(parameter_tensors(model))
+    assert estimate.trainable_parameters == sum(p.numel() for p in trainable)
+    assert estimate.optimizer_state_bytes == optimizer_state_bytes(state)
