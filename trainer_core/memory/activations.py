@@ -27,6 +27,7 @@ blocks keep for backward, an approximation stated next to each.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -257,6 +258,8 @@ def estimate_activations(
             logits = b * s * structure.num_labels * w  # lm_head output at the autocast width
         elif getattr(structure.config, "is_decoder", False) or mt in _CAUSAL_TYPES:
             logits = b * s * structure.num_labels * LOGIT_BYTES  # the score head runs on every position
+        if spec.adapter is not None:  # RMSNorm's `weight * x` saves x only when the weight trains
+            shapes = [dataclasses.replace(x, rms_norm=False) for x in shapes]
         if layout is not None:
             lora = lora_path_bytes(layout, spec, s, b, w)
             # checkpointing recomputes one layer at a time: its share of the branches (approximation)
