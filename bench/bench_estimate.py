@@ -77,5 +77,40 @@ def main() -> None:
     )
 
 
+LLM_MODEL = "meta-llama/Llama-3.1-70B"
+LLM_ADAPTERS = {"full": None, "lora r16": {"type": "lora", "r": 16}, "qlora r16": {"type": "qlora", "r": 16}}
+
+
+def bench_llm() -> None:
+    """Warm latency of causal-LM estimates of the 70B config (goal: under 5 ms), full / LoRA / QLoRA."""
+    from trainer_core.memory import estimate_memory
+    from trainer_core.memory.estimator import human_bytes
+    from trainer_core.spec import parse_spec
+
+    print(f"\n{LLM_MODEL}, causal-lm, max_length 2048, batch 1, bf16")
+    header = f"{'setting':<12} {'cold ms':>9} {'warm ms':>8} {'p99 ms':>8} {'total':>11}"
+    print(header)
+    print("-" * len(header))
+    for label, adapter in LLM_ADAPTERS.items():
+        spec = parse_spec({
+            "name": "bench", "task": "causal-lm", "model": {"name_or_path": LLM_MODEL}, "dataset": {"path": "json"},
+            "adapter": adapter, "preprocessing": {"max_length": 2048}, "training": {"per_device_train_batch_size": 1},
+            "efficiency": {"mixed_precision": "bf16"},
+        })  # fmt: skip
+        t0 = time.perf_counter()
+        estimate = estimate_memory(spec)
+        cold = time.perf_counter() - t0
+        times = []
+        for _ in range(WARM_RUNS):
+            t0 = time.perf_counter()
+            estimate_memory(spec)
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        warm, p99 = statistics.median(times), times[int(0.99 * len(times)) - 1]
+        total = human_bytes(estimate.total_bytes)
+        print(f"{label:<12} {cold * 1e3:>9.1f} {warm * 1e3:>8.3f} {p99 * 1e3:>8.3f} {total:>11}")
+
+
 if __name__ == "__main__":
     main()
+    bench_llm()

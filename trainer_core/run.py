@@ -16,7 +16,7 @@ import torch
 
 from trainer_core.checkpoint import newest_checkpoint, read_meta
 from trainer_core.events import Event, EventSink, RunStatus, make_event
-from trainer_core.spec import FieldError, JobSpec, SpecError
+from trainer_core.spec import FieldError, JobSpec, SpecError, untrainable_errors
 from trainer_core.stopping import StopSignal
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,9 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 
 def check_runnable(spec: JobSpec) -> None:
     """Rules that depend on this machine rather than on the spec alone."""
+    untrainable = untrainable_errors(spec, cuda=torch.cuda.is_available())
+    if untrainable:
+        raise SpecError(untrainable)
     if spec.efficiency.mixed_precision == "fp16" and not torch.cuda.is_available():
         raise SpecError(
             [FieldError("efficiency.mixed_precision", "fp16 needs a CUDA device; use 'bf16' on this machine")]

@@ -21,15 +21,15 @@ from pydantic import Field, ValidationError, model_validator
 
 # The optimizer section and its rules come from the optimizer table; re-exported as part of the spec.
 from trainer_core.optimizers import OptimizerSpec
+from trainer_core.spec_adapter import AdapterSpec
 from trainer_core.spec_base import StrictModel, combination_error
 
-Task = Literal["text-classification", "image-classification", "audio-classification"]
+Task = Literal["text-classification", "image-classification", "audio-classification", "causal-lm"]
+TEXT_TASKS = frozenset({"text-classification", "causal-lm"})
 Backend = Literal["trainer", "accelerate"]
 MixedPrecision = Literal["no", "fp16", "bf16"]
 MetricName = Literal["accuracy", "f1", "precision", "recall"]
-SchedulerName = Literal[
-    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
-]
+SchedulerName = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]
 EvalStrategy = Literal["no", "steps", "epoch"]
 
 BUILTIN_DATASET_BUILDERS = ("csv", "json", "parquet", "imagefolder", "audiofolder")
@@ -79,7 +79,10 @@ class DatasetSpec(StrictModel):
     eval_fraction: float | None = Field(
         default=None, gt=0.0, lt=1.0, description="Hold out this fraction of train when there is no eval split."
     )
-    text_column: str = "text"
+    text_column: str = Field(default="text", description="Text to classify, or plain text for causal-lm.")
+    prompt_column: str = Field(default="prompt", description="causal-lm: prompt of a prompt/completion pair.")
+    completion_column: str = Field(default="completion", description="causal-lm: completion of the pair.")
+    messages_column: str = Field(default="messages", description="causal-lm: chat turns (`role`, `content`).")
     text_pair_column: str | None = None
     image_column: str = "image"
     audio_column: str = "audio"
@@ -103,6 +106,10 @@ class PreprocessingSpec(StrictModel):
     group_by_length: bool = Field(
         default=True, description="Batch inputs of similar length together (less padding, faster)."
     )
+    train_on_prompt: bool = Field(
+        default=False, description="causal-lm: count prompt / user tokens in the loss too (default: completions only)."
+    )
+    packing: bool = Field(default=False, description="causal-lm: concatenate examples up to `max_length`.")
 
 
 class TrainingSpec(StrictModel):
@@ -136,9 +143,7 @@ class TrainingSpec(StrictModel):
 class EfficiencySpec(StrictModel):
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=4096)
     gradient_checkpointing: bool = False
-    mixed_precision: MixedPrecision = Field(
-        default="no", description="`fp16` needs a CUDA device; on CPU use `bf16`."
-    )
+    mixed_precision: MixedPrecision = Field(default="no", description="`fp16` needs a CUDA device; on CPU use `bf16`.")
     local_sgd_steps: int | None = Field(
         default=None, ge=1, description="Average weights every N steps (accelerate backend only)."
     )
@@ -168,6 +173,7 @@ class JobSpec(StrictModel):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     efficiency: EfficiencySpec = Field(default_factory=EfficiencySpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    adapter: AdapterSpec | None = Field(default=None, description="LoRA / QLoRA; without it, a full fine-tune.")
     metrics: list[MetricName] = Field(default_factory=lambda: list[MetricName](["accuracy"]), min_length=1)
 
     @model_validator(mode="after")
@@ -177,10 +183,18 @@ class JobSpec(StrictModel):
                 "efficiency.local_sgd_steps",
                 "local SGD belongs to the 'accelerate' backend; set training.backend to 'accelerate'",
             )
-        if self.task == "text-classification" and self.model.processor is not None:
+        if self.task in TEXT_TASKS and self.model.processor is not None:
             raise combination_error("model.processor", "text models take `tokenizer`, not `processor`")
-        if self.task != "text-classification" and self.model.tokenizer is not None:
+        if self.task not in TEXT_TASKS and self.model.tokenizer is not None:
             raise combination_error("model.tokenizer", "image and audio models take `processor`")
+        for name in ("packing", "train_on_prompt"):
+            if getattr(self.preprocessing, name) and self.task != "causal-lm":
+                raise combination_error(f"preprocessing.{name}", "applies to task 'causal-lm' only")
+        adapter, mixed = self.adapter, self.efficiency.mixed_precision
+        if adapter is not None and adapter.type == "qlora" and mixed != "no" and adapter.compute_dtype != mixed:
+            raise combination_error(
+                "adapter.compute_dtype", f"must match efficiency.mixed_precision ({mixed!r}): autocast sets the dtype"
+            )
         return self
 
 
@@ -230,6 +244,28 @@ class SpecError(ValueError):
     def __init__(self, errors: list[FieldError]):
         self.errors = errors
         super().__init__("; ".join(f"{e.field}: {e.message}" for e in errors))
+
+
+def untrainable_errors(spec: JobSpec, *, cuda: bool) -> list[FieldError]:
+    """What this version cannot train (estimates accept it), and QLoRA's fp16 without CUDA.
+
+    The run and the API's submit refuse a spec with these errors; ``POST /v1/estimates/memory`` does not.
+    """
+    errors = []
+    if spec.task == "causal-lm":
+        errors.append(
+            FieldError("task", "task causal-lm: training is not available yet in this version; estimates are")
+        )
+    if spec.adapter is not None:
+        if (
+            spec.adapter.type == "qlora"
+            and not cuda
+            and "fp16" in (spec.adapter.compute_dtype, spec.efficiency.mixed_precision)
+        ):
+            errors.append(FieldError("adapter.compute_dtype", "qlora in fp16 needs a CUDA device; use 'bf16' here"))
+        message = f"{spec.adapter.type} adapters: training is not available yet in this version; estimates are"
+        errors.append(FieldError("adapter", message))
+    return errors
 
 
 def parse_spec(data: Mapping[str, Any]) -> JobSpec:

@@ -36,6 +36,7 @@ from service_core.db.models import Job
 from service_core.keys import Caller
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
+from trainer_core.spec import SpecError, untrainable_errors
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
@@ -74,6 +75,9 @@ def create_job(
 ) -> JobOut:
     """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
     spec = body.job_spec()
+    untrainable = untrainable_errors(spec, cuda=True)  # the worker's device is checked by the run
+    if untrainable:  # estimates take these specs; the worker cannot run them yet
+        raise SpecError(untrainable)
     queue = body.queue or settings.default_queue
     dataset_id = None
     if spec.dataset.id is not None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainer_core.spec import JobSpec, SpecError, load_spec_file, parse_spec
+from trainer_core.spec import JobSpec, SpecError, load_spec_file, parse_spec, untrainable_errors
 
 EXAMPLE: dict[str, Any] = {
     "name": "reviews-minilm",
@@ -185,3 +185,97 @@ def test_union_type_markers_do_not_appear_in_field_paths() -> None:
     fields = error_fields(doc)
     assert fields and all(f.startswith("dataset.data_files") for f in fields)
     assert not any("str" in f.split(".") or "[" in f for f in fields)
+
+
+LLM: dict[str, Any] = {
+    "name": "sft",
+    "task": "causal-lm",
+    "model": {"name_or_path": "meta-llama/Llama-3.2-1B"},
+    "dataset": {"path": "json", "prompt_column": "question", "completion_column": "answer"},
+    "preprocessing": {"max_length": 2048, "train_on_prompt": False, "packing": True},
+    "efficiency": {"mixed_precision": "bf16"},
+    "adapter": {"type": "qlora", "r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"},
+}
+
+
+def llm_change(path: str, value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(LLM)
+    *parents, leaf = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return doc
+
+
+def test_causal_lm_spec_with_qlora_validates_with_its_values() -> None:
+    spec = parse_spec(LLM)
+    assert spec.task == "causal-lm" and spec.adapter is not None
+    assert (spec.adapter.type, spec.adapter.r, spec.adapter.alpha, spec.adapter.target_modules) == (
+        "qlora", 16, 32.0, "all-linear"
+    )  # fmt: skip
+    assert spec.adapter.double_quant is True and spec.adapter.compute_dtype == "bf16"
+    assert spec.dataset.prompt_column == "question" and spec.dataset.messages_column == "messages"
+    assert spec.preprocessing.packing and not spec.preprocessing.train_on_prompt
+    # defaults: no adapter is a full fine-tune; packing and train_on_prompt are off
+    plain = parse_spec({**LLM, "adapter": None, "preprocessing": {}})
+    assert plain.adapter is None and not plain.preprocessing.packing and not plain.preprocessing.train_on_prompt
+    assert JobSpec.model_validate(spec.model_dump()) == spec  # a dumped spec validates again unchanged
+
+
+def test_adapters_are_allowed_on_classification_tasks() -> None:
+    spec = parse_spec({**EXAMPLE, "adapter": {"type": "lora", "target_modules": ["query", "value"]}})
+    assert spec.adapter is not None and spec.adapter.target_modules == ["query", "value"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("adapter.type", "dora", "adapter.type"),
+        ("adapter.r", 0, "adapter.r"),
+        ("adapter.dropout", 1.0, "adapter.dropout"),
+        ("adapter.target_modules", [], "adapter.target_modules"),
+        ("adapter.target_modules", "all", "adapter.target_modules"),
+        ("adapter.rank", 8, "adapter.rank"),
+        ("adapter.compute_dtype", "fp16", "adapter.compute_dtype"),  # bf16 autocast with fp16 4-bit matmuls
+        ("efficiency.mixed_precision", "fp16", "adapter.compute_dtype"),
+        ("task", "text-generation", "task"),
+    ],
+)
+def test_bad_llm_value_names_its_field(path: str, value: Any, field: str) -> None:
+    assert set(error_fields(llm_change(path, value))) == {field}  # a union reports each member
+
+
+def test_qlora_fields_do_not_apply_to_lora() -> None:
+    doc = llm_change("adapter", {"type": "lora", "double_quant": False})
+    assert error_fields(doc) == ["adapter.double_quant"]
+
+
+@pytest.mark.parametrize("name", ["packing", "train_on_prompt"])
+def test_llm_preprocessing_only_for_causal_lm(name: str) -> None:
+    assert error_fields(with_change(f"preprocessing.{name}", True)) == [f"preprocessing.{name}"]
+
+
+def test_causal_lm_takes_a_tokenizer_not_a_processor() -> None:
+    assert error_fields(llm_change("model.processor", "x")) == ["model.processor"]
+    assert parse_spec(llm_change("model.tokenizer", "x")).model.tokenizer == "x"
+
+
+def test_untrainable_specs_name_task_and_adapter() -> None:
+    spec = parse_spec(LLM)
+    fields = [e.field for e in untrainable_errors(spec, cuda=True)]
+    assert fields == ["task", "adapter"]
+    assert "not available yet" in untrainable_errors(spec, cuda=True)[0].message
+    fp16 = parse_spec(llm_change("adapter.compute_dtype", "fp16") | {"efficiency": {"mixed_precision": "no"}})
+    assert "adapter.compute_dtype" in [e.field for e in untrainable_errors(fp16, cuda=False)]
+    assert "adapter.compute_dtype" not in [e.field for e in untrainable_errors(fp16, cuda=True)]
+    assert untrainable_errors(parse_spec(EXAMPLE), cuda=False) == []
+
+
+def test_the_run_refuses_causal_lm_at_validation(tmp_path: Path) -> None:
+    from trainer_core.run import check_runnable
+
+    with pytest.raises(SpecError) as info:
+        check_runnable(parse_spec({**LLM, "adapter": None}))
+    assert [e.field for e in info.value.errors] == ["task"]
+    assert "training is not available yet in this version; estimates are" in str(info.value)

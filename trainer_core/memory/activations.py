@@ -27,10 +27,15 @@ blocks keep for backward, an approximation stated next to each.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainer_core.memory.parameters import ModelStructure, config_value
-from trainer_core.spec import JobSpec
+from trainer_core.spec import TEXT_TASKS, JobSpec
+
+if TYPE_CHECKING:
+    from trainer_core.memory.adapters import ParameterLayout
 
 DEFAULT_IMAGE_SIZE = 224  # image processors' default crop when the config does not say
 DEFAULT_SAMPLING_RATE = 16_000  # wav2vec2/HuBERT feature extractors
@@ -173,7 +178,7 @@ def sequence_and_frontend(structure: ModelStructure, spec: JobSpec, b: int, w: i
     c = structure.config
     h = int(config_value(c, "hidden_size", "d_model", "n_embd", "dim"))
     mt = structure.model_type
-    if structure.task == "text-classification":
+    if structure.task in TEXT_TASKS:
         limit = config_value(c, "max_position_embeddings", "n_positions", default=spec.preprocessing.max_length)
         s = min(spec.preprocessing.max_length, int(limit))
         return s, (w + 1) * s * b * h, f"s = max_length = {s}"
@@ -193,8 +198,44 @@ def sequence_and_frontend(structure: ModelStructure, spec: JobSpec, b: int, w: i
     return s, w * s * b * h, f"s = ({image}/{c.patch_size})^2 patches + 1 = {s}"
 
 
-def estimate_activations(structure: ModelStructure, spec: JobSpec) -> Activations:
-    """Activation bytes of one micro-batch (``per_device_train_batch_size``) per device."""
+def text_sequence(structure: ModelStructure, spec: JobSpec) -> int:
+    """``max_length``, capped by the position table."""
+    c = structure.config
+    limit = config_value(c, "max_position_embeddings", "n_positions", default=spec.preprocessing.max_length)
+    return min(spec.preprocessing.max_length, int(limit))
+
+
+def logits_fp32_bytes(structure: ModelStructure, spec: JobSpec) -> int:
+    """causal-lm: the fp32 ``b x s x vocab`` tensor of the loss (``logits.float()`` under autocast, the
+    log-softmax output in fp32), usually an LLM's largest single transient; 0 for other tasks."""
+    if structure.task != "causal-lm":
+        return 0
+    return spec.training.per_device_train_batch_size * text_sequence(structure, spec) * structure.num_labels * 4
+
+
+def lora_path_bytes(layout: ParameterLayout, spec: JobSpec, s: int, b: int, w: int) -> int:
+    """What each LoRA branch saves beyond its Linear's input: lora_A's output (s x b x r) and, with
+    dropout, the dropped input (w bytes) and its 1-byte mask (s x b x in); without dropout PEFT uses
+    Identity and lora_A saves the Linear's own input."""
+    adapter = spec.adapter
+    if adapter is None:
+        return 0
+    total = 0
+    for t in layout.trainable:
+        if t.name.endswith(".lora_A.weight"):
+            r, n_in = t.shape
+            total += s * b * (r * w + (n_in * (w + 1) if adapter.dropout > 0 else 0))
+    return total
+
+
+def estimate_activations(
+    structure: ModelStructure, spec: JobSpec, layout: ParameterLayout | None = None
+) -> Activations:
+    """Activation bytes of one micro-batch (``per_device_train_batch_size``) per device.
+
+    ``layout`` (the adapter's tensors) adds the LoRA branches; a causal LM's head output is
+    ``b x s x vocab x w`` (its fp32 loss copy is :func:`logits_fp32_bytes`).
+    """
     b = spec.training.per_device_train_batch_size
     w = 4 if spec.efficiency.mixed_precision == "no" else 2
     ckpt = spec.efficiency.gradient_checkpointing
@@ -213,8 +254,16 @@ def estimate_activations(structure: ModelStructure, spec: JobSpec) -> Activation
     else:
         s, front, desc = sequence_and_frontend(structure, spec, b, w)
         shapes = _encoder_shapes(structure, s)
-        if getattr(structure.config, "is_decoder", False) or mt in _CAUSAL_TYPES:
+        if structure.task == "causal-lm":
+            logits = b * s * structure.num_labels * w  # lm_head output at the autocast width
+        elif getattr(structure.config, "is_decoder", False) or mt in _CAUSAL_TYPES:
             logits = b * s * structure.num_labels * LOGIT_BYTES  # the score head runs on every position
+        if spec.adapter is not None:  # RMSNorm's `weight * x` saves x only when the weight trains
+            shapes = [dataclasses.replace(x, rms_norm=False) for x in shapes]
+        if layout is not None:
+            lora = lora_path_bytes(layout, spec, s, b, w)
+            # checkpointing recomputes one layer at a time: its share of the branches (approximation)
+            front += lora // len(shapes) if ckpt and shapes else lora
     body = stack_bytes(shapes, b, w, ckpt)
     x = shapes[0]
     per_layer = "s*b*h*(34 + 5*a*s/h)" if x.scores else "s*b*h*34 (no 5as/h: SDPA keeps no scores)"

@@ -2,9 +2,9 @@
 
 Each ``catalog/*.json`` file holds one entry: ``id`` (the hub id users write), ``task``, the
 ``config`` (a transformers config dict naming its ``model_type``), ``parameters`` (the count of the
-classification model with two labels, pinned by a test) and ``published`` (the size the model's
-authors state and the model class it refers to, also pinned by a test). Estimates for these ids
-work offline: no config is downloaded.
+model built for its ``task``: the classifier with two labels, or the causal LM; pinned by a test) and
+``published`` (the size the model's authors state and the model class it refers to, also pinned by
+a test). Estimates for these ids work offline: no config is downloaded.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from trainer_core.memory.activations import estimate_activations
+from trainer_core.memory.activations import estimate_activations, logits_fp32_bytes
+from trainer_core.memory.adapters import ParameterLayout, parameter_layout
 from trainer_core.memory.optimizer_state import optimizer_memory
 from trainer_core.memory.parameters import ModelStructure, model_structure
 from trainer_core.memory_overhead import MIB, OVERHEAD_ENV, overhead_bytes_from_env
@@ -20,7 +21,7 @@ GIB = 1024**3
 FP32 = 4
 TOTAL_FORMULA = (
     "parameters + gradients + optimizer_state + overhead + ddp_buckets"
-    " + max(activations + autocast_copies, optimizer_step_temporary)"
+    " + max(activations + autocast_copies + logits_fp32, optimizer_step_temporary)"
 )
 
 
@@ -54,11 +55,16 @@ class MemoryEstimate(BaseModel):
     fits: bool | None = None
 
 
-def autocast_copy_bytes(structure: ModelStructure, spec: JobSpec) -> int:
-    """16-bit copies autocast makes of Linear/Conv weights; cached for the forward, saved for backward."""
+def autocast_copy_bytes(structure: ModelStructure, spec: JobSpec, layout: ParameterLayout) -> int:
+    """16-bit copies autocast makes of fp32 Linear/Conv weights; cached for the forward, saved for backward.
+
+    Under an adapter the frozen base is 16-bit already (or 4-bit): only the fp32 trainable tensors are copied.
+    """
     if spec.efficiency.mixed_precision == "no":
         return 0
-    return 2 * structure.autocast_numel
+    if spec.adapter is None:
+        return 2 * structure.autocast_numel
+    return 2 * sum(t.numel for t in layout.trainable if t.autocast)
 
 
 def estimate_memory(
@@ -90,23 +96,31 @@ def estimate_memory(
     budget_gb = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
     overhead = overhead_bytes if overhead_bytes is not None else overhead_bytes_from_env()
 
-    param_bytes = structure.trainable_bytes
-    frozen_bytes = (structure.parameters - structure.trainable_parameters) * FP32
-    grad_bytes = param_bytes  # gradients have the parameters' (fp32 master) dtype
+    layout = parameter_layout(structure, spec)
+    param_bytes = layout.trainable_bytes
+    frozen_bytes = layout.frozen_bytes
+    grad_bytes = param_bytes  # gradients: trainable parameters only, at their (fp32) dtype
     optimizer = spec.optimizer
-    # The table names the fields each state rule reads: they and the structure are the memo key.
-    opt = structure.memoized(optimizer_state_key(optimizer), lambda: optimizer_memory(structure.tensors, optimizer))
-    act = estimate_activations(structure, spec)
-    casts = autocast_copy_bytes(structure, spec)
+    # The table names the fields each state rule reads: they, the layout and the structure are the memo key.
+    opt_key = (optimizer_state_key(optimizer), id(layout))  # layouts are memoized on the structure too
+    opt = structure.memoized(opt_key, lambda: optimizer_memory(layout.trainable, optimizer))
+    act = estimate_activations(structure, spec, layout)
+    logits = logits_fp32_bytes(structure, spec)
+    casts = autocast_copy_bytes(structure, spec, layout)
     # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does
     # not set gradient_as_bucket_view), so their sum is the gradient size whatever the bucket cap.
     ddp = grad_bytes if n_devices > 1 else 0
-    transient = max(casts, opt.step_temporary_bytes)
-    peak_phase = max(act.bytes + casts, opt.step_temporary_bytes)
+    transient = max(casts + logits, opt.step_temporary_bytes)
+    peak_phase = max(act.bytes + casts + logits, opt.step_temporary_bytes)
     total = param_bytes + frozen_bytes + grad_bytes + opt.state_bytes + peak_phase + overhead + ddp
 
     parts = [
-        MemoryPart(name="parameters", bytes=param_bytes + frozen_bytes, formula="sum of numel x 4 B (fp32 master)"),
+        MemoryPart(
+            name="parameters",
+            bytes=param_bytes + frozen_bytes,
+            formula=layout.formula,
+            note=spec.adapter and spec.adapter.type,
+        ),
         MemoryPart(name="gradients", bytes=grad_bytes, formula="trainable numel x 4 B"),
         MemoryPart(name="optimizer_state", bytes=opt.state_bytes, formula=opt.state_formula, note=spec.optimizer.name),
         MemoryPart(name="activations", bytes=act.bytes, formula=act.formula, note="one micro-batch"),
@@ -114,6 +128,12 @@ def estimate_memory(
             name="autocast_copies",
             bytes=casts,
             formula="2 B x numel of Linear/Conv parameters (16-bit autocast copies)",
+            note="forward/backward phase",
+        ),
+        MemoryPart(
+            name="logits_fp32",
+            bytes=logits,
+            formula="b x s x vocab x 4 B (causal-lm: the loss upcasts the logits to fp32)",
             note="forward/backward phase",
         ),
         MemoryPart(
@@ -134,8 +154,8 @@ def estimate_memory(
     budget = int(budget_gb * GIB) if budget_gb is not None else None
     return MemoryEstimate(
         model=structure.source,
-        parameters=structure.parameters,
-        trainable_parameters=structure.trainable_parameters,
+        parameters=layout.parameters,
+        trainable_parameters=layout.trainable_numel,
         parameter_bytes=param_bytes + frozen_bytes,
         gradient_bytes=grad_bytes,
         optimizer_state_bytes=opt.state_bytes,

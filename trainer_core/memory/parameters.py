@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 
 from accelerate import init_empty_weights
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_utils import PreTrainedModel  # eager: warms up what the first estimate needs
 from transformers.pytorch_utils import Conv1D
 
 from trainer_core.memory.catalog import catalog_config, catalog_ids, in_catalog
+from trainer_core.memory.linears import LinearInfo, linear_modules
 from trainer_core.modeling import MASTER_DTYPE, MODEL_CLASSES, config_from_dict, label_config
 from trainer_core.optimizers import TensorInfo
 from trainer_core.spec import FieldError, ModelSpec, SpecError
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 # Modules whose weights autocast casts to 16-bit for their matmul/conv (norms and embeddings stay fp32).
 _AUTOCAST_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
+
+# The engine builds no causal LM yet (issue 14's training half); the estimator already does.
+_BUILD_CLASSES: dict[str, Any] = {**MODEL_CLASSES, "causal-lm": AutoModelForCausalLM}
 
 # A source key says where a config comes from: ("config", json), ("dir", path, mtime), ("catalog", id)
 # or ("hub", id, revision). It is what the cache is keyed by, together with task and label count.
@@ -69,6 +73,7 @@ class ModelStructure:
     parameters: int  # all parameters, trainable or not
     attn_implementation: str  # "sdpa", "eager", ...: whether the score matrix is stored
     supports_gradient_checkpointing: bool
+    linears: tuple[LinearInfo, ...] = ()  # what LoRA targets and QLoRA quantises
     # Figures derived from `tensors` for one setting (e.g. an optimizer's state), computed once per
     # structure: the structure is cached, and re-adding ~200 tensors was most of a warm estimate.
     memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -164,17 +169,19 @@ def build_structure(key: SourceKey, task: str, num_labels: int) -> ModelStructur
     """Instantiate the training class on the meta device and record its tensors (not cached: see
     :func:`model_structure`)."""
     config = load_config(key).__class__.from_dict(load_config(key).to_dict())  # private copy
-    for name, value in label_config([str(i) for i in range(num_labels)]).items():
-        setattr(config, name, value)
+    if task != "causal-lm":  # a language model's "labels" are its vocabulary
+        for name, value in label_config([str(i) for i in range(num_labels)]).items():
+            setattr(config, name, value)
     try:
         with _META_BUILD_LOCK, init_empty_weights():
-            model: PreTrainedModel = MODEL_CLASSES[task].from_config(config, dtype=MASTER_DTYPE)
+            model: PreTrainedModel = _BUILD_CLASSES[task].from_config(config, dtype=MASTER_DTYPE)
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):  # no class of this type for the task
             message = f"{config.model_type} models cannot be trained for {task}"
             raise SpecError([FieldError("task", message, "invalid_combination")]) from exc
         field = "model.config" if key[0] == "config" else "model.name_or_path"
         raise SpecError([FieldError(field, f"the model cannot be built from its config: {exc}")]) from exc
+    model.tie_weights()  # inside init_empty_weights, re-registered meta parameters undo from_config's tying
     decay = decay_parameter_names(model)
     embeddings = {id(m.weight) for m in embedding_modules(model)}
     autocast = {id(p) for m in model.modules() if isinstance(m, _AUTOCAST_MODULES) for p in m.parameters(recurse=False)}
@@ -196,13 +203,14 @@ def build_structure(key: SourceKey, task: str, num_labels: int) -> ModelStructur
     return ModelStructure(
         source=describe_source(key),
         task=task,
-        num_labels=num_labels,
+        num_labels=int(config_value(model.config, "vocab_size")) if task == "causal-lm" else num_labels,
         model_type=str(config.model_type),
         config=model.config,
         tensors=tensors,
         parameters=sum(p.numel() for p in model.parameters()),
         attn_implementation=attn,
         supports_gradient_checkpointing=bool(model.supports_gradient_checkpointing),
+        linears=linear_modules(model, task),
     )
 
 

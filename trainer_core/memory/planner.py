@@ -7,11 +7,16 @@ checkpointing (only where the model supports it) and mixed precision, and estima
 speed: no recomputation first, then larger micro-batches, then the fewest changes to the spec, then
 16-bit autocast before fp32 (tensor cores), then the table's ``plan_rank`` (adamw, adamw_8bit,
 adafactor: extra work per step).
+
+When no setting of the spec's own kind fits (a full fine-tune, or the spec's adapter), it adds adapter
+options: LoRA, then QLoRA (a 4-bit base), each at rank 8, 16 and 64 (``alpha = 2r``, all-linear), one
+entry per adapter (its fastest fitting setting). Every entry fits by the estimator's own numbers.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,6 +25,8 @@ from trainer_core.memory.estimator import GIB, estimate_memory, human_bytes
 from trainer_core.memory.parameters import model_structure
 from trainer_core.optimizers import OPTIMIZER_TABLE, planner_order
 from trainer_core.spec import JobSpec, OptimizerSpec, parse_spec
+
+ADAPTER_RANKS = (8, 16, 64)
 
 
 class PlanEntry(BaseModel):
@@ -55,16 +62,32 @@ def apply_changes(spec: JobSpec, changes: dict[str, Any]) -> JobSpec:
     """A validated copy of ``spec`` with dotted-path ``changes`` applied (optimizer switches included)."""
     data = spec.model_dump(exclude_unset=True)
     for path, value in changes.items():
-        section, field = path.split(".", 1)
-        if path == "optimizer.name":
+        section, _, field = path.partition(".")
+        if path == "adapter":
+            data["adapter"] = value
+        elif path == "optimizer.name":
             data["optimizer"] = _optimizer_dict(spec.optimizer, value)
         elif path != "optimizer.amsgrad":  # dropped with the switch to an optimizer without it
             data.setdefault(section, {})[field] = value
     return parse_spec(data)
 
 
-def _candidates(spec: JobSpec, checkpointing_ok: bool) -> list[dict[str, Any]]:
-    """Every combination, as changes relative to ``spec`` (an empty dict is the spec itself)."""
+def _adapter_dict(kind: str, r: int, precision: str) -> dict[str, Any]:
+    adapter: dict[str, Any] = {"type": kind, "r": r, "alpha": 2 * r}
+    if kind == "qlora" and precision != "no":
+        adapter["compute_dtype"] = precision  # the spec requires it to match autocast
+    return adapter
+
+
+def adapter_tiers(spec: JobSpec) -> list[list[tuple[str, int]]]:
+    """Adapter options beyond the spec's own kind: LoRA (when the spec has none), then QLoRA, per rank."""
+    kinds = {None: ["lora", "qlora"], "lora": ["qlora"], "qlora": []}[spec.adapter.type if spec.adapter else None]
+    return [[(kind, r) for r in ADAPTER_RANKS] for kind in kinds]
+
+
+def _candidates(spec: JobSpec, checkpointing_ok: bool, adapter: tuple[str, int] | None = None) -> list[dict[str, Any]]:
+    """Every combination, as changes relative to ``spec`` (an empty dict is the spec itself);
+    ``adapter`` (type, rank) replaces the spec's adapter."""
     b0 = spec.training.per_device_train_batch_size
     ga0 = spec.efficiency.gradient_accumulation_steps
     halvings = [0]
@@ -89,6 +112,8 @@ def _candidates(spec: JobSpec, checkpointing_ok: bool) -> list[dict[str, Any]]:
             "efficiency.mixed_precision": spec.efficiency.mixed_precision,
         }
         changes = {key: value for key, value in wanted.items() if current[key] != value}
+        if adapter is not None:
+            changes["adapter"] = _adapter_dict(*adapter, mp)
         if spec.optimizer.amsgrad and "amsgrad" not in OPTIMIZER_TABLE[opt].fields:
             changes["optimizer.amsgrad"] = False
         out.append(changes)
@@ -108,6 +133,9 @@ def _speed_key(spec: JobSpec, new: JobSpec, changes: dict[str, Any]) -> tuple[in
 
 def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, budget: int) -> str:
     phrases = []
+    if "adapter" in changes and new.adapter is not None:
+        base = "4-bit NF4 base" if new.adapter.type == "qlora" else "frozen base"
+        phrases.append(f"{new.adapter.type.upper()} r={new.adapter.r} adapter ({base}, adapters trained)")
     if "optimizer.name" in changes:
         phrases.append(f"{new.optimizer.name} optimizer instead of {spec.optimizer.name}")
     if "training.per_device_train_batch_size" in changes:
@@ -128,20 +156,38 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
 def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None) -> Plan:
     """Configurations of ``spec`` that fit ``gpu_memory_gb`` (GiB) per device, fastest first."""
     budget = int(gpu_memory_gb * GIB)
-    structure = model_structure(spec.model, spec.task)
-    scored = []
-    for changes in _candidates(spec, structure.supports_gradient_checkpointing):
-        new = apply_changes(spec, changes) if changes else spec
-        total = estimate_memory(new, devices=devices).total_bytes
-        scored.append((_speed_key(spec, new, changes), changes, new, total))
-    scored.sort(key=lambda item: item[0])
-    entries: list[PlanEntry] = []
-    kept: set[tuple[str, str]] = set()
-    for _, changes, new, total in scored:
-        pair = (new.optimizer.name, new.efficiency.mixed_precision)
-        if total <= budget and pair not in kept:  # slower variants of a pair that fits are noise
-            kept.add(pair)
-            reason = _reason(spec, new, changes, total, budget)
-            entries.append(PlanEntry(changes=changes, spec=new, estimate_total_bytes=total, reason=reason))
+    ckpt_ok = model_structure(spec.model, spec.task).supports_gradient_checkpointing
+    scored = _scored(spec, _candidates(spec, ckpt_ok), devices)
+    # The spec's own kind: one entry per (optimizer, precision), slower variants of a fitting pair are noise.
+    entries = _fitting(spec, scored, budget, lambda new: (new.optimizer.name, new.efficiency.mixed_precision))
+    for tier in adapter_tiers(spec) if not entries else []:
+        for option in tier:
+            tier_scored = _scored(spec, _candidates(spec, ckpt_ok, option), devices)
+            scored += tier_scored
+            entries += _fitting(spec, tier_scored, budget, lambda new: "one per adapter")
     smallest = min(scored, key=lambda item: (item[3], item[0]))
     return Plan(budget_bytes=budget, entries=entries, minimum_total_bytes=smallest[3], minimum_changes=smallest[1])
+
+
+Scored = tuple[tuple[int, ...], dict[str, Any], JobSpec, int]
+
+
+def _scored(spec: JobSpec, candidates: list[dict[str, Any]], devices: int | None) -> list[Scored]:
+    """Each candidate with its speed key, validated spec and estimated total, fastest first."""
+    out: list[Scored] = []
+    for changes in candidates:
+        new = apply_changes(spec, changes) if changes else spec
+        out.append((_speed_key(spec, new, changes), changes, new, estimate_memory(new, devices=devices).total_bytes))
+    return sorted(out, key=lambda item: item[0])
+
+
+def _fitting(spec: JobSpec, scored: list[Scored], budget: int, group: Callable[[JobSpec], Hashable]) -> list[PlanEntry]:
+    """The fastest fitting candidate of each ``group``, in speed order."""
+    entries: list[PlanEntry] = []
+    kept: set[Hashable] = set()
+    for _, changes, new, total in scored:
+        if total <= budget and group(new) not in kept:
+            kept.add(group(new))
+            reason = _reason(spec, new, changes, total, budget)
+            entries.append(PlanEntry(changes=changes, spec=new, estimate_total_bytes=total, reason=reason))
+    return entries

@@ -27,7 +27,7 @@ def test_catalog_has_the_required_architectures() -> None:
     assert len(ids) >= 25
     assert set(REQUIRED) <= set(ids)
     tasks = {catalog_entry(i)["task"] for i in ids}
-    assert tasks == {"text-classification", "image-classification", "audio-classification"}
+    assert tasks == {"text-classification", "image-classification", "audio-classification", "causal-lm"}
 
 
 def test_every_entry_instantiates_on_meta_with_its_stored_size() -> None:
@@ -58,3 +58,35 @@ def test_published_sizes_within_three_percent(model_id: str) -> None:
 def test_unknown_catalog_id_raises_key_error() -> None:
     with pytest.raises(KeyError):
         catalog_entry("not-a-model")
+
+
+# Current open LLMs as causal LMs, each with the size its authors publish (model card, or the hub's
+# count where the card rounds it), to 1%.
+PUBLISHED_LLM_SIZES = {
+    "meta-llama/Llama-3.1-8B": 8.03e9,
+    "meta-llama/Llama-3.1-70B": 70.6e9,
+    "meta-llama/Llama-3.2-3B": 3.21e9,
+    "Qwen/Qwen2.5-3B": 3.09e9,
+    "Qwen/Qwen2.5-14B": 14.7e9,
+    "Qwen/Qwen3-0.6B": 0.6e9,
+    "Qwen/Qwen3-4B": 4.0e9,
+    "Qwen/Qwen3-8B": 8.2e9,
+    "Qwen/Qwen3-14B": 14.8e9,
+    "mistralai/Mistral-7B-v0.3": 7.25e9,
+    "google/gemma-2-2b": 2.61e9,
+    "google/gemma-2-9b": 9.24e9,
+    "google/gemma-3-1b-pt": 1.0e9,
+    "microsoft/Phi-3-mini-4k-instruct": 3.82e9,
+    "microsoft/Phi-4-mini-instruct": 3.84e9,
+    "HuggingFaceTB/SmolLM2-135M": 135e6,
+    "HuggingFaceTB/SmolLM2-360M": 360e6,
+    "HuggingFaceTB/SmolLM2-1.7B": 1.7e9,
+}
+
+
+@pytest.mark.parametrize("model_id", sorted(PUBLISHED_LLM_SIZES))
+def test_llm_sizes_within_one_percent_of_published(model_id: str) -> None:
+    assert catalog_entry(model_id)["task"] == "causal-lm"
+    assert catalog_published(model_id)["parameters"] == PUBLISHED_LLM_SIZES[model_id]
+    count = build_structure(("catalog", model_id), "causal-lm", 2).parameters
+    assert abs(count / PUBLISHED_LLM_SIZES[model_id] - 1) < 0.01, (model_id, count)

@@ -41,12 +41,48 @@ def test_spec_that_fits_comes_first_unchanged(make_spec: SpecFactory) -> None:
 
 def test_nothing_fits_reports_the_minimum(make_spec: SpecFactory) -> None:
     spec = make_spec("meta-llama/Meta-Llama-3-8B", training={"per_device_train_batch_size": 4})
-    plan = plan_memory(spec, 24)
+    plan = plan_memory(spec, 4)  # below even a 4-bit base of 8B parameters
     assert plan.entries == []
     smallest = estimate_memory(apply_changes(spec, plan.minimum_changes)).total_bytes
-    assert smallest == plan.minimum_total_bytes > 24 * GIB
-    assert plan.minimum_changes["optimizer.name"] in {"adafactor", "adamw_8bit"}
+    assert smallest == plan.minimum_total_bytes > 4 * GIB
+    assert plan.minimum_changes["adapter"]["type"] == "qlora"
     assert plan.minimum_changes["training.per_device_train_batch_size"] < 4
+
+
+LLAMA_SFT = {"max_length": 2048}
+
+
+def test_llama_8b_on_24_gib_gets_fitting_qlora_entries(make_spec: SpecFactory) -> None:
+    spec = make_spec(
+        "meta-llama/Meta-Llama-3-8B", task="causal-lm", preprocessing=LLAMA_SFT,
+        training={"per_device_train_batch_size": 4}, efficiency={"mixed_precision": "bf16"},
+    )  # fmt: skip
+    plan = plan_memory(spec, 24)
+    full = [e for e in plan_memory(spec, 24).entries if e.spec.adapter is None]
+    assert full == [] and not estimate_memory(spec, gpu_memory_gb=24).fits
+    kinds = [(e.spec.adapter.type, e.spec.adapter.r) for e in plan.entries if e.spec.adapter is not None]
+    assert ("qlora", 16) in kinds
+    assert kinds == sorted(kinds, key=lambda k: (k[0] != "lora", k[1]))  # LoRA first, then QLoRA; rank 8/16/64
+    for entry in plan.entries:  # never an entry that does not fit
+        assert estimate_memory(entry.spec).total_bytes == entry.estimate_total_bytes <= 24 * GIB
+        assert entry.spec == apply_changes(spec, entry.changes)
+        assert entry.reason.endswith("of 24.00 GiB")
+    qlora = next(e for e in plan.entries if e.spec.adapter is not None and e.spec.adapter.type == "qlora")
+    assert "QLORA r=8 adapter" in qlora.reason
+
+
+def test_adapters_are_offered_only_when_the_spec_does_not_fit(make_spec: SpecFactory) -> None:
+    spec = make_spec("meta-llama/Llama-3.2-1B", task="causal-lm", preprocessing={"max_length": 256})
+    plan = plan_memory(spec, 80)
+    assert plan.entries and all(e.spec.adapter is None for e in plan.entries)
+    # a LoRA spec that does not fit is offered QLoRA, never a full fine-tune
+    lora = make_spec(
+        "meta-llama/Meta-Llama-3-8B", task="causal-lm", preprocessing=LLAMA_SFT,
+        adapter={"type": "lora"}, efficiency={"mixed_precision": "bf16"},
+    )  # fmt: skip
+    entries = plan_memory(lora, 12).entries
+    assert entries and {e.spec.adapter.type for e in entries if e.spec.adapter} == {"qlora"}
+    assert all(e.spec.adapter is not None for e in entries)
 
 
 def test_switching_optimizer_keeps_valid_hyper_parameters(make_spec: SpecFactory) -> None:
