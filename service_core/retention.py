@@ -13,7 +13,6 @@ downloaded, with the job's final metrics); only the bulky history (points and ev
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -28,18 +27,6 @@ from service_core.status import TERMINAL_STATUSES
 logger = logging.getLogger(__name__)
 
 TERMINAL = sorted(s.value for s in TERMINAL_STATUSES)
-_AGE = re.compile(r"^\s*(\d+)\s*([dhm])\s*$")
-_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
-
-
-def parse_age(text: str) -> timedelta:
-    """``90d``, ``12h`` or ``30m`` as a timedelta; ValueError for anything else (or zero)."""
-    match = _AGE.match(text)
-    if not match or int(match.group(1)) == 0:
-        raise ValueError(f"expected a positive age such as 90d, 12h or 30m, got {text!r}")
-    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
-
-
 @dataclass
 class GcReport:
     """What one collection removed (or, with ``dry_run``, would remove: jobs only)."""

@@ -16,7 +16,8 @@ from service_core.artifacts import ArtifactStore
 from service_core.db import Job, JobEvent, MetricPoint
 from service_core.db.base import utcnow
 from service_core.db.session import make_engine
-from service_core.retention import collect_garbage, parse_age
+from service_core.durations import parse_duration
+from service_core.retention import collect_garbage
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from tests.api.conftest import add_job
@@ -125,14 +126,14 @@ def test_cli_dry_run_counts_then_gc_deletes(settings: Settings, world: tuple) ->
 
 @pytest.mark.parametrize("text", ["90", "0d", "3w", "-1d", ""])
 def test_an_unreadable_age_is_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="positive age"):
-        parse_age(text)
+    with pytest.raises(ValueError, match="positive duration"):
+        parse_duration(text)
 
 
 def test_ages() -> None:
-    assert parse_age("90d") == timedelta(days=90)
-    assert parse_age("12h") == timedelta(hours=12)
-    assert parse_age(" 30m ") == timedelta(minutes=30)
+    assert parse_duration("90d") == timedelta(days=90)
+    assert parse_duration("12h") == timedelta(hours=12)
+    assert parse_duration(" 30m ") == timedelta(minutes=30)
 
 
 def test_cli_refuses_a_bad_age_with_status_2(settings: Settings) -> None:

@@ -18,11 +18,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     from service_core.artifacts import ArtifactStore
     from service_core.db.session import make_engine
-    from service_core.retention import collect_garbage, parse_age
+    from service_core.durations import parse_duration
+    from service_core.retention import collect_garbage
     from service_core.settings import Settings
 
     try:
-        age = parse_age(args.older_than)
+        age = parse_duration(args.older_than)
     except ValueError as exc:
         print(f"--older-than: {exc}", file=sys.stderr)
         return 2

@@ -115,17 +115,63 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
+    from service_core.db.base import utcnow
     from service_core.db.session import session_scope
+    from service_core.durations import parse_duration
     from service_core.keys import create_api_key
 
     settings = load_settings()
     try:
+        expires_at = utcnow() + parse_duration(args.expires) if args.expires else None
+    except ValueError as exc:
+        print(f"--expires: {exc}", file=sys.stderr)
+        return 2
+    try:
         with session_scope(settings.database_url) as session:
-            key = create_api_key(session, args.owner, args.admin, settings=settings)
+            key = create_api_key(session, args.owner, args.admin, settings=settings, expires_at=expires_at)
     except ValueError as exc:
         print(f"owner: {exc}", file=sys.stderr)
         return 2
     print(key)
+    return 0
+
+
+def cmd_keys_list(_args: argparse.Namespace) -> int:
+    """Every key with its state; never the key itself (only its prefix)."""
+    from sqlalchemy import select
+
+    from service_core.db.models import ApiKey
+    from service_core.db.session import session_scope
+
+    def when(value: object) -> str:
+        return value.strftime("%Y-%m-%d %H:%M") if hasattr(value, "strftime") else "-"
+
+    with session_scope(load_settings().database_url) as session:
+        rows = session.execute(select(ApiKey).order_by(ApiKey.created_at.desc(), ApiKey.id.desc())).scalars().all()
+        lines = [f"{'ID':<32}  {'OWNER':<16} {'PREFIX':<10} {'ADMIN':<5}  {'CREATED':<16}  {'EXPIRES':<16}  "
+                 f"{'LAST USED':<16}  REVOKED"]  # fmt: skip
+        lines += [
+            f"{row.id:<32}  {row.owner:<16} {row.prefix:<10} {'yes' if row.is_admin else 'no':<5}  "
+            f"{when(row.created_at):<16}  {when(row.expires_at):<16}  {when(row.last_used_at):<16}  "
+            f"{when(row.revoked_at)}"
+            for row in rows
+        ]
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from service_core.db.session import session_scope
+    from service_core.keys import revoke_api_key
+
+    settings = load_settings()
+    with session_scope(settings.database_url) as session:
+        row = revoke_api_key(session, args.key_id)
+    if row is None:
+        print(f"key_id: no key {args.key_id!r} (`trainjobs keys list` shows them)", file=sys.stderr)
+        return 2
+    print(f"revoked {args.key_id} ({row.owner}); API processes that checked it within the last "
+          f"{settings.auth_cache_seconds:g} s may accept it until then")  # fmt: skip
     return 0
 
 
@@ -157,4 +203,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create = keys_sub.add_parser("create", help="create a key and print it (shown once)")
     create.add_argument("--owner", required=True)
     create.add_argument("--admin", action="store_true", help="the key sees every owner's jobs")
+    create.add_argument("--expires", default=None, metavar="AGE", help="the key stops working after 30d, 12h, 90m...")
     create.set_defaults(func=cmd_keys_create)
+    listing = keys_sub.add_parser("list", help="every key: owner, prefix, created, expires, last used, revoked")
+    listing.set_defaults(func=cmd_keys_list)
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by its id (from `keys list`)")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=cmd_keys_revoke)
