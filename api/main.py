@@ -58,7 +58,7 @@ API_POOL_SIZE = API_THREADS + UPLOAD_THREADS
 def _warm_up(done: threading.Event) -> None:
     # The estimator imports torch and transformers, enqueueing imports Celery (seconds, once): do it
     # at start, off the event loop, rather than in the first submit.
-    for module in ("trainer_core.memory", "service_core.queue"):
+    for module in ("trainer_core.memory", "trainer_core.preflight", "service_core.queue"):
         try:
             importlib.import_module(module)
         except ImportError:

@@ -153,14 +153,20 @@ class Client:
         spec: str | Path | Mapping[str, Any] | BaseModel,
         priority: int | None = None,
         queue: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Submit a job (the spec plus optional priority and queue); returns the created job."""
+        """Submit a job (the spec plus optional priority and queue); returns the created job.
+
+        ``dry_run``: the service runs its checks (preflight, estimate) and returns the report, storing nothing.
+        """
         body = spec_payload(spec)
         if priority is not None:
             body["priority"] = priority
         if queue is not None:
             body["queue"] = queue
-        result: dict[str, Any] = self._json("POST", "/v1/jobs", json=body)
+        params = {"dry_run": "true"} if dry_run else None
+        result: dict[str, Any] = self._json("POST", "/v1/jobs", json=body, params=params)
         return result
 
     def get(self, job_id: str) -> dict[str, Any]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,15 +25,18 @@ from api.deps import (
     SettingsDep,
     owned_dataset,
 )
-from api.estimation import estimate_for_submit
+from api.estimation import budget_for, estimate_for_submit, plan
 from api.paths import check_spec_locations, resolve_uploaded_dataset
+from api.preflight import run_preflight
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
+from api.schemas.preflight import DryRunOut
 from service_core.db.jobstore import insert_job, transition
 from service_core.db.models import Job, JobStatus
 from service_core.keys import Caller
 from service_core.settings import Settings
+from trainer_core.spec import JobSpec
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
@@ -42,7 +46,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
-    responses=problem_responses(503),
+    responses={**problem_responses(503), 200: {"model": DryRunOut, "description": "`dry_run=true`: the checks"}},
 )
 async def submit_job(
     body: JobCreate,
@@ -52,13 +56,54 @@ async def submit_job(
     caller: CallerDep,
     enqueue: EnqueueDep,
     response: Response,
-) -> JobOut:
-    """Validate, estimate, store and enqueue a job; nothing is stored when any check fails."""
+    dry_run: Annotated[bool, Query(description="Run preflight and the estimate only; store nothing.")] = False,
+) -> JobOut | JSONResponse:
+    """Validate, estimate, preflight, store and enqueue a job; nothing is stored when any check fails."""
     # All the blocking work in one threadpool call: as a plain `def` route with a session dependency
     # it took four hand-offs (session open, call, response validation, session close).
+    if dry_run:
+        report = await run_in_threadpool(check_job, body, sessions, settings, caller)
+        return JSONResponse(report.model_dump(mode="json"))
     job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
+
+
+def checked_spec(
+    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller
+) -> tuple[JobSpec, str, str | None, dict[str, Any] | None, dict[str, Any]]:
+    """Every check a submit makes, in order (locations, preflight, budget); a Problem/SpecError on failure.
+
+    Returns the spec as it would be stored, its queue, uploaded dataset id, estimate and preflight report.
+    """
+    spec = body.job_spec()
+    queue = body.queue or settings.default_queue
+    dataset_id = None
+    if spec.dataset.id is not None:
+        with sessions() as session:
+            dataset = owned_dataset(session, spec.dataset.id, caller, field="dataset.id")
+            dataset_id = dataset.id
+        spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
+    spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
+    # Preflight first: its messages about the data and the model say more than the estimator's would.
+    report = run_preflight(spec)
+    estimate = estimate_for_submit(spec, queue, settings)
+    return spec, queue, dataset_id, estimate, report
+
+
+def check_job(body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller) -> DryRunOut:
+    """A dry run: the checks of :func:`create_job`, answered as a report, storing nothing."""
+    spec, queue, _, estimate, report = checked_spec(body, sessions, settings, caller)
+    budget = budget_for(spec, queue, settings)
+    advice = plan(spec, budget).model_dump(mode="json") if budget is not None and estimate is not None else None
+    return DryRunOut(
+        queue=queue,
+        spec=spec.model_dump(mode="json", exclude_unset=True),
+        preflight=report,
+        estimate=estimate,
+        budget_gb=budget,
+        plan=advice,
+    )
 
 
 def create_job(
@@ -70,16 +115,7 @@ def create_job(
     enqueue: Enqueuer,
 ) -> JobOut:
     """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
-    spec = body.job_spec()
-    queue = body.queue or settings.default_queue
-    dataset_id = None
-    if spec.dataset.id is not None:
-        with sessions() as session:
-            dataset = owned_dataset(session, spec.dataset.id, caller, field="dataset.id")
-            dataset_id = dataset.id
-        spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
-    spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
-    estimate = estimate_for_submit(spec, queue, settings)
+    spec, queue, dataset_id, estimate, _ = checked_spec(body, sessions, settings, caller)
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         job = insert_job(

@@ -14,6 +14,13 @@ from service_core.db.models import Job, JobEvent, JobStatus
 from service_core.settings import Settings
 from tests.api.conftest import Keys, add_job, make_spec
 
+# A BERT-large shape, config-built: far over the 1 GB test budget, and nothing to fetch from the hub
+# (a hub id that is not cached is refused by preflight while HF_HUB_OFFLINE is set).
+BERT_LARGE_CONFIG = {
+    "model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "intermediate_size": 4096, "vocab_size": 30522,
+}
+
 
 def drain_broker(settings: Settings, queue: str) -> list[dict[str, Any]]:
     """Every message waiting on ``queue`` in the embedded broker: task name and args."""
@@ -81,11 +88,7 @@ def test_submit_without_or_with_wrong_key_is_401(client: TestClient, keys: Keys,
 def test_over_budget_submit_is_refused_with_plan(
     client: TestClient, keys: Keys, session: Session, settings: Settings
 ) -> None:
-    spec = make_spec(
-        name="bert-large",
-        model={"name_or_path": "bert-large-uncased"},
-        resources={"gpu_memory_gb": 1},
-    )
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG}, resources={"gpu_memory_gb": 1})
     response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
     problem = response.json()
@@ -99,7 +102,7 @@ def test_over_budget_submit_is_refused_with_plan(
 
 
 def test_queue_budget_applies_without_spec_budget(client: TestClient, keys: Keys, session: Session) -> None:
-    spec = make_spec(name="bert-large", model={"name_or_path": "bert-large-uncased"})
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG})
     response = client.post("/v1/jobs", json={**spec, "queue": "gpu-1g"}, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
     assert response.json()["errors"][0]["field"] == "queue"

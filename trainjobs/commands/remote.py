@@ -76,6 +76,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from trainjobs.follow import follow
 
     with client_for(args) as client:
+        if args.dry_run:
+            emit(client.submit(args.spec, priority=args.priority, queue=args.queue, dry_run=True))
+            return 0
         job = client.submit(args.spec, priority=args.priority, queue=args.queue)
         print(job["id"])
         print(f"submitted {job.get('name', '')} as {job['id']} ({job.get('status')})", file=sys.stderr)
@@ -158,6 +161,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     submit.add_argument("--follow", "-f", action="store_true", help="show live progress; exit with the outcome")
     submit.add_argument("--priority", type=int, default=None)
     submit.add_argument("--queue", default=None, help="queue (e.g. a GPU memory class such as gpu-80g)")
+    submit.add_argument(
+        "--dry-run", action="store_true", help="only check the job (preflight, estimate) and print the report"
+    )
     submit.set_defaults(func=cmd_submit)
 
     jobs = subparsers.add_parser("jobs", help="list, show, cancel and follow jobs")

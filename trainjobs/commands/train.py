@@ -14,6 +14,7 @@ from typing import Any
 
 from trainer_core.events import Event, EventSink, stream_sink
 from trainer_core.spec import SpecError, load_spec_file
+from trainjobs.commands.validate import print_spec_errors
 
 
 class ProgressBar:
@@ -52,30 +53,32 @@ class ProgressBar:
             self._bar = None
 
 
-def _print_spec_error(exc: SpecError) -> int:
-    for error in exc.errors:
-        print(f"{error.field}: {error.message}", file=sys.stderr)
-    return 2
-
-
 def run_train(args: argparse.Namespace) -> int:
-    """Validate the spec, train it, and map the outcome to an exit status."""
-    from trainer_core.run import run_job
+    """Validate the spec, preflight it, train it, and map the outcome to an exit status."""
+    from trainer_core.events import make_event
+    from trainer_core.preflight import preflight
+    from trainer_core.run import failure_summary, run_job
 
     try:
         spec = load_spec_file(args.spec)
     except SpecError as exc:
-        return _print_spec_error(exc)
+        return print_spec_errors(exc)
     except OSError as exc:
         print(f"spec: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
         return 2
     bar = None if args.jsonl else ProgressBar()
     sink: EventSink = stream_sink(sys.stdout) if bar is None else bar
     try:
+        # The checks a submit makes, before any model is built; a failure ends the run as run_job would.
+        preflight(spec)
+    except SpecError as exc:
+        sink(make_event("done", status="failed", summary=failure_summary(exc)))
+        return print_spec_errors(exc)
+    try:
         status = run_job(spec, args.output_dir, emit=sink, resume=args.resume,
                          stop_file=args.stop_file, cache_dir=args.cache_dir)
     except SpecError as exc:
-        return _print_spec_error(exc)
+        return print_spec_errors(exc)
     finally:
         if bar is not None:
             bar.close()
