@@ -137,7 +137,9 @@ def _check_labels(spec: JobSpec, train: SplitHead, eval_split: SplitHead | None,
         # Only the head was read: a file sorted by label may still hold others further down.
         report.notes.append(f"only {len(seen)} label(s) in the first {len(train.rows)} train rows")
         return
-    mapping = build_label_mapping(train.rows, eval_split.rows if eval_split is not None and train.exact else None, column)
+    # Eval labels unseen in train are an error only when all of train was read.
+    eval_rows = eval_split.rows if eval_split is not None and train.exact else None
+    mapping = build_label_mapping(train.rows, eval_rows, column)
     report.labels = mapping.names
     report.labels_complete = train.exact
     report.checks.append("labels")

@@ -134,6 +134,10 @@ class TrainingSpec(StrictModel):
     save_total_limit: int | None = Field(default=None, ge=1)
     dataloader_num_workers: int = Field(default=0, ge=0, le=64)
     report_to: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+    nan_patience: int = Field(
+        default=3, ge=0, description="Stop with reason nan_loss after this many logging steps in a row with a "
+        "loss that is not finite (0: never)."
+    )
 
     @model_validator(mode="after")
     def _eval_steps(self) -> TrainingSpec:

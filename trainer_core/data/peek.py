@@ -19,11 +19,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import Dataset
-from datasets.table import InMemoryTable
 from datasets.data_files import DataFilesDict, EmptyDatasetError, get_data_patterns, sanitize_patterns
 from datasets.packaged_modules.audiofolder.audiofolder import AudioFolder
 from datasets.packaged_modules.csv.csv import CsvConfig
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+from datasets.table import InMemoryTable
 
 from trainer_core.data.loading import spec_error
 from trainer_core.spec import JobSpec
