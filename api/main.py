@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import KeyCache
 from api.problems import install_problem_handlers
-from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, metrics
+from api.routes import artifacts, dashboard, datasets, downloads, estimates, events, health, jobs, metrics
 from api.routes.prometheus import install_metrics
 from api.uploads import UploadLimitMiddleware
 from service_core.artifacts import ArtifactStore
@@ -38,6 +38,7 @@ ROUTERS: list[APIRouter] = [
     events.router,
     metrics.router,
     artifacts.router,
+    downloads.router,
     datasets.router,
     estimates.router,
 ]

@@ -7,6 +7,7 @@ the problem handlers turn into a 422 naming each field.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -19,8 +20,16 @@ PREFLIGHT_TIMEOUT_S = 10.0
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="preflight")
 
 
-def run_preflight(spec: JobSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict[str, Any]:
-    """The preflight report as a dict; a 422 (SpecError) when a check fails, a 503 past the deadline."""
+def run_preflight(
+    spec: JobSpec, warmed_up: threading.Event | None = None, timeout_s: float = PREFLIGHT_TIMEOUT_S
+) -> dict[str, Any]:
+    """The preflight report as a dict; a 422 (SpecError) when a check fails, a 503 past the deadline.
+
+    ``warmed_up`` is the app's warm-up event: importing datasets and transformers here while the
+    warm-up thread is still importing them can meet a half-initialised module, so wait for it first.
+    """
+    if warmed_up is not None:
+        warmed_up.wait(timeout_s)
     from trainer_core.preflight import preflight
 
     future = _POOL.submit(preflight, spec)

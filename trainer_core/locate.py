@@ -19,7 +19,10 @@ from trainer_core.spec import FieldError, JobSpec
 
 HUB_TIMEOUT_S = 3.0
 WEIGHT_FILES = (
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")

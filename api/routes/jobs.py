@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+from threading import Event
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, or_, select
@@ -55,22 +56,24 @@ async def submit_job(
     settings: SettingsDep,
     caller: CallerDep,
     enqueue: EnqueueDep,
+    request: Request,
     response: Response,
     dry_run: Annotated[bool, Query(description="Run preflight and the estimate only; store nothing.")] = False,
 ) -> JobOut | JSONResponse:
     """Validate, estimate, preflight, store and enqueue a job; nothing is stored when any check fails."""
     # All the blocking work in one threadpool call: as a plain `def` route with a session dependency
     # it took four hand-offs (session open, call, response validation, session close).
+    warmed_up = request.app.state.warmed_up
     if dry_run:
-        report = await run_in_threadpool(check_job, body, sessions, settings, caller)
+        report = await run_in_threadpool(check_job, body, sessions, settings, caller, warmed_up)
         return JSONResponse(report.model_dump(mode="json"))
-    job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue)
+    job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue, warmed_up)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
 
 
 def checked_spec(
-    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller
+    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
 ) -> tuple[JobSpec, str, str | None, dict[str, Any] | None, dict[str, Any]]:
     """Every check a submit makes, in order (locations, preflight, budget); a Problem/SpecError on failure.
 
@@ -86,14 +89,16 @@ def checked_spec(
         spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
     spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
     # Preflight first: its messages about the data and the model say more than the estimator's would.
-    report = run_preflight(spec)
+    report = run_preflight(spec, warmed_up)
     estimate = estimate_for_submit(spec, queue, settings)
     return spec, queue, dataset_id, estimate, report
 
 
-def check_job(body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller) -> DryRunOut:
+def check_job(
+    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
+) -> DryRunOut:
     """A dry run: the checks of :func:`create_job`, answered as a report, storing nothing."""
-    spec, queue, _, estimate, report = checked_spec(body, sessions, settings, caller)
+    spec, queue, _, estimate, report = checked_spec(body, sessions, settings, caller, warmed_up)
     budget = budget_for(spec, queue, settings)
     advice = plan(spec, budget).model_dump(mode="json") if budget is not None and estimate is not None else None
     return DryRunOut(
@@ -113,9 +118,10 @@ def create_job(
     settings: Settings,
     caller: Caller,
     enqueue: Enqueuer,
+    warmed_up: Event | None = None,
 ) -> JobOut:
     """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
-    spec, queue, dataset_id, estimate, _ = checked_spec(body, sessions, settings, caller)
+    spec, queue, dataset_id, estimate, _ = checked_spec(body, sessions, settings, caller, warmed_up)
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         job = insert_job(

@@ -181,6 +181,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     logs.add_argument("id")
     logs.add_argument("--follow", "-f", action="store_true", help="live progress bar until the job ends")
     logs.set_defaults(func=cmd_logs)
+    from trainjobs.commands.download import add_download_parser  # it imports this module
+
+    add_download_parser(jobs_sub, conn)
 
     datasets = subparsers.add_parser("datasets", help="upload and list datasets")
     ds_sub = datasets.add_subparsers(dest="datasets_command", metavar="ACTION", required=True)
