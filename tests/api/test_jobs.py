@@ -237,3 +237,27 @@ def test_unreachable_broker_fails_the_job_visibly(settings: Settings, keys: Keys
     assert response.headers["content-type"] == "application/problem+json"
     job = session.execute(select(Job)).scalar_one()
     assert (job.status, job.error_reason) == ("failed", "enqueue_failed")
+
+
+def test_over_budget_advice_is_true_when_nothing_fits(client: TestClient, keys: Keys, session: Session) -> None:
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG}, resources={"gpu_memory_gb": 0.01})
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["plan"]["entries"] == []
+    assert "`plan` lists" not in problem["detail"]  # no promise of a plan it does not have
+    assert "nothing the planner tried fits" in problem["detail"]
+    smallest = problem["plan"]["minimum_total_bytes"] / (1 << 30)
+    assert f"smallest footprint found is {smallest:.2f} GiB with " in problem["detail"]
+    assert all(f"{k}={v}" in problem["detail"] for k, v in problem["plan"]["minimum_changes"].items())
+    assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+
+
+def test_over_budget_advice_names_the_first_entry_that_fits(client: TestClient, keys: Keys) -> None:
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG}, resources={"gpu_memory_gb": 4})
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    entries = problem["plan"]["entries"]
+    assert entries and f"`plan` lists {len(entries)} configuration(s) that fit" in problem["detail"]
+    assert all(f"{k}={v}" in problem["detail"] for k, v in entries[0]["changes"].items())

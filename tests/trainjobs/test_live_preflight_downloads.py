@@ -20,6 +20,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from tests.trainer_core.datagen import tiny_text_spec
 from tests.trainjobs.conftest import job_spec, write_json
 from tests.trainjobs.live import LiveService
+from trainjobs.client import ApiError
 
 pytestmark = pytest.mark.slow
 
@@ -115,3 +116,26 @@ def test_a_downloaded_model_loads_and_predicts(
     assert archive.read("model.safetensors") == (target / "model.safetensors").read_bytes()
     other = httpx.get(f"{service.url}/v1/jobs/nope/artifacts.zip", headers=headers, timeout=10)
     assert other.status_code == 404
+
+
+def test_submit_over_budget_prints_estimate_budget_and_top_plan_entries(
+    service: LiveService, sentiment_files: dict[str, str], tmp_path: Path
+) -> None:
+    big = {"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+           "intermediate_size": 4096, "vocab_size": 30522}  # fmt: skip
+    spec = job_spec(sentiment_files, "too-big", resources={"gpu_memory_gb": 6})
+    spec["model"] = {"config": big}
+    with pytest.raises(ApiError) as refused:
+        service.client().submit(spec)
+    entries = refused.value.body["plan"]["entries"]
+    assert len(entries) >= 3
+
+    result = service.cli("submit", str(write_json(tmp_path / "big.json", spec)))
+    assert result.returncode == 2
+    assert "resources.gpu_memory_gb: the estimate exceeds the 6 GB budget" in result.stderr
+    assert "per device; budget: 6.00 GiB" in result.stderr
+    assert "settings that fit, fastest first (top 3 of" in result.stderr
+    for i, entry in enumerate(entries[:3], 1):
+        first_change = next(iter(entry["changes"].items()))
+        assert f"  {i}. " in result.stderr and f"{first_change[0]}={first_change[1]}" in result.stderr
+    assert "  4. " not in result.stderr

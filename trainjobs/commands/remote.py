@@ -44,6 +44,10 @@ def report_error(exc: BaseException) -> int:
             print(str(exc.detail), file=sys.stderr)
         for line in exc.lines():
             print(line, file=sys.stderr)
+        from trainjobs.commands.advice import over_budget_lines
+
+        for line in over_budget_lines(exc.body):
+            print(line, file=sys.stderr)
     elif isinstance(exc, FileNotFoundError):
         print(f"error: no such file: {exc.filename}", file=sys.stderr)
     else:
@@ -143,7 +147,7 @@ def cmd_dataset_list(args: argparse.Namespace) -> int:
 @readable_errors
 def cmd_estimate_remote(args: argparse.Namespace) -> int:
     """``trainjobs estimate SPEC --remote``: the service's estimate (and plan), rendered as locally."""
-    from trainjobs.commands.estimate import render_payload
+    from trainjobs.commands.estimate import fit_exit_code, render_payload
 
     with client_for(args) as client:
         answer = client.estimate(args.spec, gpu_memory_gb=args.gpu_memory, devices=args.devices)
@@ -151,7 +155,7 @@ def cmd_estimate_remote(args: argparse.Namespace) -> int:
     if answer.get("plan") is not None:
         payload["plan"] = answer["plan"]
     print(json.dumps(payload) if args.json else render_payload(payload))
-    return 0
+    return fit_exit_code(payload)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
