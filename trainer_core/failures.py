@@ -12,10 +12,13 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from trainer_core.deadline import RunTimeoutError
 from trainer_core.nan_guard import NanLossError
 from trainer_core.spec import SpecError
 
-FailureReason = Literal["invalid_spec", "data_error", "model_error", "out_of_memory", "nan_loss", "internal"]
+FailureReason = Literal[
+    "invalid_spec", "data_error", "model_error", "out_of_memory", "nan_loss", "timeout", "internal"
+]
 FAILURE_REASONS: tuple[str, ...] = get_args(FailureReason)
 # Spec-error field prefixes -> the reason their failure stands for.
 _FIELD_REASONS: tuple[tuple[str, FailureReason], ...] = (("dataset.", "data_error"), ("model.", "model_error"))
@@ -41,6 +44,8 @@ def failure_reason(exc: BaseException) -> FailureReason:
     """The cause of a failed run: the spec, the data, the model, memory, a diverged loss, or internal."""
     if isinstance(exc, NanLossError):
         return "nan_loss"
+    if isinstance(exc, RunTimeoutError):
+        return "timeout"
     if is_out_of_memory(exc):
         return "out_of_memory"
     if isinstance(exc, SpecError):
@@ -76,6 +81,8 @@ def failure_message(exc: BaseException, reason: FailureReason | None = None) -> 
         return "; ".join(f"{e.field}: {e.message}" for e in exc.errors) or str(exc)
     root = root_cause(exc)
     cause = f"{type(root).__name__}: {_first_line(root)}"
+    if reason == "timeout":
+        return f"{exc}; raise the limit, or shorten the run (training.max_steps, num_train_epochs)"
     if reason == "nan_loss":
         return f"{exc}; lower training.learning_rate, keep training.max_grad_norm > 0, or check the data for bad values"
     if reason == "out_of_memory":

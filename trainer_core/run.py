@@ -17,6 +17,7 @@ import torch
 from trainer_core.checkpoint import newest_checkpoint, read_meta
 from trainer_core.events import Event, EventSink, RunStatus, make_event
 from trainer_core.failures import failure_reason, failure_summary
+from trainer_core.deadline import deadline_guard
 from trainer_core.nan_guard import nan_guard
 from trainer_core.spec import FieldError, JobSpec, SpecError
 from trainer_core.stopping import StopSignal
@@ -131,7 +132,8 @@ def run_job(
             spec, output_dir, emit=sink, resume=resume, stop_file=stop_file, cache_dir=cache_dir
         )
     main = int(os.environ.get("RANK", "0")) == 0
-    gated = nan_guard(sink, spec.training.nan_patience) if main else _discard
+    guarded = deadline_guard(nan_guard(sink, spec.training.nan_patience), spec.resources.max_runtime_minutes)
+    gated = guarded if main else _discard
     output_dir.mkdir(parents=True, exist_ok=True)
     if not is_distributed_worker():
         _reset_accelerate_state()

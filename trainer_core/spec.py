@@ -194,6 +194,9 @@ class ResourcesSpec(StrictModel):
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device memory budget checked against the estimate."
     )
+    max_runtime_minutes: float | None = Field(
+        default=None, gt=0, description="Stop the run with reason timeout once it has trained this long."
+    )
 
 
 class JobSpec(StrictModel):

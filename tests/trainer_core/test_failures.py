@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,14 @@ def test_out_of_memory_and_internal_errors_read_as_advice() -> None:
         summary = failure_summary(exc)
     assert summary["reason"] == "internal"
     assert summary["error"].startswith("internal error (KeyError") and "\n" not in summary["error"]
+
+
+def test_a_run_past_its_time_limit_fails_with_timeout(tmp_path: Path) -> None:
+    # 0.005 min = 0.3 s: far less than 200 steps take, so the limit, not the step count, ends the run.
+    training = {"max_steps": 200, "logging_steps": 5, "per_device_train_batch_size": 8}
+    spec = text_spec(tmp_path / "data", "accelerate", n_train=32, n_val=8, training=training,
+                     resources={"max_runtime_minutes": 0.005})  # fmt: skip
+    summary = failed_summary(spec, tmp_path / "out")
+    assert summary["reason"] == "timeout" and "resources.max_runtime_minutes=0.005" in summary["error"]
+    stopped = re.search(r"stopped at step (\d+)", summary["error"])
+    assert stopped is not None and int(stopped.group(1)) < 200
