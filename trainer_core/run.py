@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from trainer_core.checkpoint import newest_checkpoint, read_meta
+from trainer_core.deadline import deadline_guard
 from trainer_core.events import Event, EventSink, RunStatus, make_event
 from trainer_core.failures import failure_reason, failure_summary
-from trainer_core.deadline import deadline_guard
 from trainer_core.nan_guard import nan_guard
 from trainer_core.spec import FieldError, JobSpec, SpecError
 from trainer_core.stopping import StopSignal
