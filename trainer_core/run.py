@@ -19,6 +19,7 @@ from trainer_core.deadline import deadline_guard
 from trainer_core.events import Event, EventSink, RunStatus, make_event
 from trainer_core.failures import failure_reason, failure_summary
 from trainer_core.nan_guard import nan_guard
+from trainer_core.oom_retry import install_oom_fault
 from trainer_core.spec import FieldError, JobSpec, SpecError
 from trainer_core.stopping import StopSignal
 
@@ -131,6 +132,7 @@ def run_job(
         return run_distributed(
             spec, output_dir, emit=sink, resume=resume, stop_file=stop_file, cache_dir=cache_dir
         )
+    install_oom_fault()  # a testing aid; does nothing unless its environment setting is present
     main = int(os.environ.get("RANK", "0")) == 0
     guarded = deadline_guard(nan_guard(sink, spec.training.nan_patience), spec.resources.max_runtime_minutes)
     gated = guarded if main else _discard

@@ -194,6 +194,10 @@ class ResourcesSpec(StrictModel):
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device memory budget checked against the estimate."
     )
+    max_oom_retries: int = Field(
+        default=2, ge=0, le=10, description="After a device out-of-memory, retry this often with a smaller "
+        "configuration of the same effective batch (0: fail at once)."
+    )
     max_runtime_minutes: float | None = Field(
         default=None, gt=0, description="Stop the run with reason timeout once it has trained this long."
     )

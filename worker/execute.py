@@ -25,6 +25,7 @@ from service_core.db.models import Job, JobStatus
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint
+from worker.oom_retry import retry_after_oom
 from worker.outcome import RunOutcome
 from worker.supervisor import RunPaths, supervise_run
 
@@ -108,6 +109,11 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
         outcome = RunOutcome("failed", "worker_error", f"{type(exc).__name__}: {exc}")
     if outcome.stopped_by == "shutdown":
         return requeue_after_shutdown(job_id, settings, paths, outcome)
+    if outcome.reason == "out_of_memory":
+        retried = retry_after_oom(job_id, settings, outcome)
+        if retried is None:
+            return JobStatus.queued.value
+        outcome = retried
     store_artifacts(job_id, settings, paths)
     return record_outcome(job_id, settings, outcome)
 
