@@ -34,7 +34,7 @@ from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut
 from api.schemas.preflight import DryRunOut
 from service_core.db.jobstore import insert_job, transition
-from service_core.db.models import Job, JobStatus
+from service_core.db.models import Job, JobEvent, JobStatus
 from service_core.keys import Caller
 from service_core.settings import Settings
 from trainer_core.spec import JobSpec
@@ -197,9 +197,12 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def get_job(job: OwnedJob) -> JobOut:
-    """Status, progress, latest and final metrics, estimated and measured memory, error, timestamps."""
-    return JobOut.from_job(job)
+def get_job(job: OwnedJob, session: SessionDep) -> JobOut:
+    """Status, progress, latest and final metrics, estimated and measured memory, error, retries, timestamps."""
+    out = JobOut.from_job(job)
+    retries = select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == "retry").order_by(JobEvent.seq)
+    out.retries = [dict(data) for data in session.execute(retries).scalars()]
+    return out
 
 
 @router.post(

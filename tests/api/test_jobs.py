@@ -261,3 +261,17 @@ def test_over_budget_advice_names_the_first_entry_that_fits(client: TestClient, 
     entries = problem["plan"]["entries"]
     assert entries and f"`plan` lists {len(entries)} configuration(s) that fit" in problem["detail"]
     assert all(f"{k}={v}" in problem["detail"] for k, v in entries[0]["changes"].items())
+
+
+def test_job_detail_lists_its_out_of_memory_retries(client: TestClient, keys: Keys, session: Session) -> None:
+    from service_core.db.jobstore import add_events
+
+    job = add_job(session, "alice")
+    retry = {"reason": "out_of_memory", "attempt": 1, "micro_batch": 8,
+             "changes": {"training.per_device_train_batch_size": 4, "efficiency.gradient_accumulation_steps": 2}}
+    add_events(session, job.id, [("retry", retry, None), ("log", {"message": "not a retry"}, None)])
+    session.commit()
+    body = client.get(f"/v1/jobs/{job.id}", headers=keys.auth(keys.alice)).json()
+    assert body["retries"] == [retry]
+    listed = client.get("/v1/jobs", headers=keys.auth(keys.alice)).json()["items"]
+    assert listed[0]["retries"] == []  # the list stays one query; the detail has them
