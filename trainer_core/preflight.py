@@ -94,45 +94,39 @@ def _check_data(spec: JobSpec, report: PreflightReport) -> None:
 def _chosen_splits(
     spec: JobSpec, heads: dict[str, SplitHead], report: PreflightReport
 ) -> tuple[SplitHead, SplitHead | None]:
-    """Train and eval as the run picks them, each with at least one row."""
+    """Train and eval as the run picks them, each with at least one row.
+
+    The run's own :func:`select_splits` names the splits; an ``eval_fraction`` hold-out is counted
+    here rather than drawn (it is a random part of train: its rows and columns are train's).
+    """
     ds = spec.dataset
     raw = DatasetDict({name: head.rows for name, head in heads.items()})
-    try:
-        train_rows, eval_rows = select_splits(spec, raw)
-    except ValueError as exc:
-        if isinstance(exc, SpecError):
-            raise
-        raise SpecError([FieldError("dataset.eval_fraction", str(exc))]) from exc
+    no_holdout = spec.model_copy(update={"dataset": ds.model_copy(update={"eval_fraction": None})})
+    _, eval_rows = select_splits(no_holdout, raw)
     train = heads[ds.train_split]
     if train.num_rows < 1:
         raise SpecError([FieldError("dataset.train_split", f"the {ds.train_split!r} split has no rows")])
-    if eval_rows is None:
-        report.checks.append("splits")
-        return train, None
-    if ds.eval_fraction is not None and ds.eval_split is None and eval_rows is not None and _is_holdout(raw, eval_rows):
+    report.checks.append("splits")
+    if eval_rows is None and ds.eval_fraction is not None:
         held = math.ceil(ds.eval_fraction * train.num_rows)
         if train.num_rows - held < 1:
             message = f"holding out {ds.eval_fraction:g} of {train.num_rows} rows leaves none to train on"
             raise SpecError([FieldError("dataset.eval_fraction", message)])
         report.splits["eval_fraction"] = {"rows": held, "exact": train.exact}
         report.splits[ds.train_split] = {"rows": train.num_rows - held, "exact": train.exact}
-        report.checks.append("splits")
-        return SplitHead(train_rows, train.num_rows - held, train.exact), SplitHead(eval_rows, held, train.exact)
+        return train, None
+    if eval_rows is None:
+        return train, None
     name = next(n for n, h in heads.items() if h.rows is eval_rows)
     if heads[name].num_rows < 1:
         where = "dataset.eval_split" if ds.eval_split is not None else f"dataset.data_files.{name}"
         raise SpecError([FieldError(where, f"the {name!r} split has no rows to evaluate on")])
-    report.checks.append("splits")
     return train, heads[name]
-
-
-def _is_holdout(raw: DatasetDict, eval_rows: Dataset) -> bool:
-    return all(split is not eval_rows for split in raw.values())
 
 
 def _check_labels(spec: JobSpec, train: SplitHead, eval_split: SplitHead | None, report: PreflightReport) -> None:
     column = spec.dataset.label_column
-    seen = {v for v in train.rows[column] if v is not None}
+    seen = {v for v in train.rows.data.column(column).to_pylist() if v is not None}
     if not train.exact and len(seen) < 2:
         # Only the head was read: a file sorted by label may still hold others further down.
         report.notes.append(f"only {len(seen)} label(s) in the first {len(train.rows)} train rows")
