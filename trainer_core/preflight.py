@@ -11,6 +11,7 @@ Every problem found is collected and raised as one :class:`PreflightError` namin
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -72,6 +73,10 @@ def preflight(spec: JobSpec) -> PreflightReport:
 def _check_data(spec: JobSpec, report: PreflightReport) -> None:
     if spec.dataset.path not in BUILTIN_DATASET_BUILDERS:
         report.notes.append(f"hub dataset {spec.dataset.path!r}: not read before the run")
+        return
+    if "://" in json.dumps([spec.dataset.data_files, spec.dataset.data_dir]):
+        # Remote files (http, s3, hf...) are fetched by the run; preflight stays on this machine.
+        report.notes.append("remote data files: not read before the run")
         return
     heads = peek_splits(spec)
     report.checks.append("data_files")

@@ -85,3 +85,19 @@ def test_train_command_stops_before_training_with_the_runs_reason(
     done = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert done["event"] == "done" and done["summary"]["reason"] == "data_error"
     assert not (tmp_path / "out").exists()
+
+
+def test_compressed_json_lines_are_read(tmp_path: Path) -> None:
+    import gzip
+
+    rows = [{"text": f"review {i}", "label": i % 2} for i in range(10)]
+    with gzip.open(tmp_path / "train.jsonl.gz", "wt") as fh:
+        fh.write("\n".join(json.dumps(r) for r in rows))
+    spec = datagen.tiny_text_spec({"train": str(tmp_path / "train.jsonl.gz")}, dataset={"path": "json"})
+    assert preflight(parse_spec(spec)).labels == ["0", "1"]
+
+
+def test_remote_data_files_are_left_to_the_run(tmp_path: Path) -> None:
+    spec = datagen.tiny_text_spec({"train": "https://example.org/train.csv"})
+    report = preflight(parse_spec(spec))
+    assert "data_files" not in report.checks and report.notes == ["remote data files: not read before the run"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -87,7 +88,8 @@ def _csv_head(path: str, size: int) -> tuple[pd.DataFrame, int, bool]:
 
 
 def _json_head(path: str, size: int) -> tuple[list[dict[str, Any]], int, bool]:
-    with open(path, "rb") as fh:
+    # compression="infer": .gz/.bz2/.xz/.zst files are read as the json builder reads them.
+    with fsspec.open(path, "rb", compression="infer") as fh:
         text = fh.read(HEAD_BYTES + 1)
     whole = len(text) <= HEAD_BYTES
     if whole and text.lstrip()[:1] == b"[":
