@@ -62,18 +62,44 @@ def estimate_for_submit(spec: JobSpec, queue: str, settings: Settings) -> dict[s
         return None
     body: dict[str, Any] = result.model_dump(mode="json")
     if budget is not None and not result.fits:
-        advice = plan(spec, budget)
+        advice = plan(spec, budget).model_dump(mode="json")
         field = "resources.gpu_memory_gb" if spec.resources.gpu_memory_gb == budget else "queue"
         raise Problem(
             422,
-            f"the job needs about {result.total_bytes / (1 << 30):.2f} GiB per device, over the "
-            f"{budget:g} GB budget; `plan` lists configurations that fit",
+            f"the job needs about {gib(result.total_bytes)} per device, over the {budget:g} GB budget; "
+            + over_budget_advice(advice),
             title="Job does not fit in GPU memory",
             type_="urn:trainjobs:problem:over-budget",
             errors=[
                 {"field": field, "message": f"the estimate exceeds the {budget:g} GB budget", "type": "over_budget"}
             ],
             estimate=body,
-            plan=advice.model_dump(mode="json"),
+            plan=advice,
+            budget_gb=budget,
         )
     return body
+
+
+def gib(size: int) -> str:
+    return f"{size / (1 << 30):.2f} GiB"
+
+
+def changes_text(changes: dict[str, Any]) -> str:
+    """``a.b=1, c=2`` (or ``no change``) for a plan's changes to the spec."""
+    return ", ".join(f"{k}={v}" for k, v in changes.items()) or "no change"
+
+
+def over_budget_advice(plan_body: dict[str, Any]) -> str:
+    """What the planner found, truthfully: the first configuration that fits, or that none does and
+    the smallest footprint it found, with the settings that reach it."""
+    entries = plan_body["entries"]
+    if entries:
+        first = entries[0]
+        return (
+            f"`plan` lists {len(entries)} configuration(s) that fit, the first: {changes_text(first['changes'])} "
+            f"({gib(first['estimate_total_bytes'])})"
+        )
+    return (
+        f"nothing the planner tried fits; the smallest footprint found is {gib(plan_body['minimum_total_bytes'])} "
+        f"with {changes_text(plan_body['minimum_changes'])}; use a queue with more memory or a smaller model"
+    )

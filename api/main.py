@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import AuthGateMiddleware, KeyCache
 from api.problems import install_problem_handlers
 from api.quotas import QuotaMiddleware, RateLimiter
-from api.routes import artifacts, dashboard, datasets, estimates, events, health, jobs, keys, logs, metrics
+from api.routes import artifacts, dashboard, datasets, downloads, estimates, events, health, jobs, keys, logs, metrics
 from api.routes.prometheus import install_metrics
 from api.streams import StreamSlots
 from api.uploads import BodyLimitMiddleware
@@ -41,6 +41,7 @@ ROUTERS: list[APIRouter] = [
     metrics.router,
     logs.router,
     artifacts.router,
+    downloads.router,
     datasets.router,
     estimates.router,
     keys.router,
@@ -70,7 +71,7 @@ API_POOL_SIZE = API_THREADS + UPLOAD_THREADS + STREAM_THREADS + READY_THREADS + 
 def _warm_up(done: threading.Event) -> None:
     # The estimator imports torch and transformers, enqueueing imports Celery (seconds, once): do it
     # at start, off the event loop, rather than in the first submit.
-    for module in ("trainer_core.memory", "service_core.queue"):
+    for module in ("trainer_core.memory", "trainer_core.preflight", "service_core.queue"):
         try:
             importlib.import_module(module)
         except ImportError:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, Event, EventSink, stream_sink
+from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, Event, EventSink, make_event, stream_sink
 from trainer_core.spec import SpecError, load_spec_file
 
 
@@ -56,7 +56,8 @@ class ProgressBar:
             self._bar = None
 
 
-def _print_spec_error(exc: SpecError) -> int:
+def print_spec_errors(exc: SpecError) -> int:
+    """One ``field: message`` line per problem on stderr; the exit status of a spec that cannot run."""
     for error in exc.errors:
         print(f"{error.field}: {error.message}", file=sys.stderr)
     return EXIT_INVALID_SPEC
@@ -73,23 +74,32 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Validate the spec, train it, and map the outcome to an exit status."""
+    """Validate the spec, preflight it, train it, and map the outcome to an exit status."""
+    from trainer_core.failures import failure_summary
+    from trainer_core.preflight import preflight
     from trainer_core.run import run_job  # torch loads here, not when the CLI builds its parser
 
     try:
         spec = load_spec_file(args.spec)
     except SpecError as exc:
-        return _print_spec_error(exc)
+        return print_spec_errors(exc)
     except OSError as exc:
         print(f"spec: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
         return EXIT_INVALID_SPEC
     bar = None if args.jsonl else ProgressBar()
     sink: EventSink = stream_sink(sys.stdout) if bar is None else bar
     try:
+        # The checks a submit makes, before any model is built (data may have changed since); a failure
+        # ends the run as run_job would, with a done event naming the reason.
+        preflight(spec)
+    except SpecError as exc:
+        sink(make_event("done", status="failed", summary=failure_summary(exc)))
+        return print_spec_errors(exc)
+    try:
         status = run_job(spec, args.output_dir, emit=sink, resume=args.resume,
                          stop_file=args.stop_file, cache_dir=args.cache_dir)
     except SpecError as exc:
-        return _print_spec_error(exc)
+        return print_spec_errors(exc)
     finally:
         if bar is not None:
             bar.close()

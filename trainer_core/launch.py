@@ -39,7 +39,7 @@ def torchrun_command(
 
 def _spec_error_from(done: Event) -> SpecError | None:
     summary = done.get("summary") or {}
-    if summary.get("reason") != "invalid_spec":
+    if not summary.get("errors"):  # field errors: a SpecError (invalid_spec, data_error or model_error)
         return None
     return SpecError([FieldError(e["field"], e["message"]) for e in summary.get("errors", [])])
 
@@ -89,7 +89,7 @@ def run_distributed(
                 proc.wait()
     if done is None:
         emit(make_event("done", status="failed",
-                        summary={"reason": "error", "error": f"torchrun exited with status {returncode}"}))
+                        summary={"reason": "internal", "error": f"torchrun exited with status {returncode}"}))
         return "failed"
     error = _spec_error_from(done)
     if error is not None:

@@ -15,11 +15,17 @@ from typing import Any
 import torch
 
 from trainer_core.checkpoint import newest_checkpoint, read_meta
+from trainer_core.deadline import deadline_guard
 from trainer_core.events import Event, EventSink, RunStatus, make_event
+from trainer_core.failures import failure_reason, failure_summary
+from trainer_core.nan_guard import nan_guard
+from trainer_core.oom_retry import install_oom_fault
 from trainer_core.spec import FieldError, JobSpec, SpecError, untrainable_errors
 from trainer_core.stopping import StopSignal
 
 logger = logging.getLogger(__name__)
+# Re-exported: callers (the CLI, launch) know them as run.failure_reason/failure_summary.
+__all__ = ["check_runnable", "failure_reason", "failure_summary", "run_job"]
 
 
 def _discard(event: Event) -> None:
@@ -48,22 +54,6 @@ def check_runnable(spec: JobSpec) -> None:
         if importlib.util.find_spec(TRACKER_PACKAGES[tracker]) is None:
             message = f"'{tracker}' is not installed on this machine (pip install {TRACKER_PACKAGES[tracker]})"
             raise SpecError([FieldError(f"training.report_to.{i}", message)])
-
-
-def failure_reason(exc: BaseException) -> str:
-    """A short machine-readable cause for a failed run's summary."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return "out_of_memory"
-    if isinstance(exc, SpecError):
-        return "invalid_spec"
-    return "error"
-
-
-def failure_summary(exc: BaseException) -> dict[str, Any]:
-    summary: dict[str, Any] = {"reason": failure_reason(exc), "error": f"{type(exc).__name__}: {exc}"}
-    if isinstance(exc, SpecError):
-        summary["errors"] = [{"field": e.field, "message": e.message} for e in exc.errors]
-    return summary
 
 
 def _reset_accelerate_state() -> None:
@@ -145,8 +135,10 @@ def run_job(
         return run_distributed(
             spec, output_dir, emit=sink, resume=resume, stop_file=stop_file, cache_dir=cache_dir
         )
+    install_oom_fault()  # a testing aid; does nothing unless its environment setting is present
     main = int(os.environ.get("RANK", "0")) == 0
-    gated = sink if main else _discard
+    guarded = deadline_guard(nan_guard(sink, spec.training.nan_patience), spec.resources.max_runtime_minutes)
+    gated = guarded if main else _discard
     output_dir.mkdir(parents=True, exist_ok=True)
     if not is_distributed_worker():
         _reset_accelerate_state()

@@ -132,6 +132,10 @@ class TrainingSpec(StrictModel):
     save_total_limit: int | None = Field(default=None, ge=1)
     dataloader_num_workers: int = Field(default=0, ge=0, le=64)
     report_to: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+    nan_patience: int = Field(
+        default=3, ge=0, description="Stop with reason nan_loss after this many logging steps in a row with a "
+        "loss that is not finite (0: never)."
+    )
 
     @model_validator(mode="after")
     def _eval_steps(self) -> TrainingSpec:
@@ -159,6 +163,13 @@ class ResourcesSpec(StrictModel):
         description="Restarts after an infrastructure failure (the run process killed by a signal, its worker "
         "lost), each resuming from the newest checkpoint. A user error (bad data, bad spec, NaN) never restarts.",
     )  # fmt: skip
+    max_oom_retries: int = Field(
+        default=2, ge=0, le=10, description="After a device out-of-memory, retry this often with a smaller "
+        "configuration of the same effective batch (0: fail at once)."
+    )
+    max_runtime_minutes: float | None = Field(
+        default=None, gt=0, description="Stop the run with reason timeout once it has trained this long."
+    )
 
 
 class JobSpec(StrictModel):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # command name -> module that registers it (several names may share one module)
 COMMANDS: dict[str, str] = {
     "train": "trainjobs.commands.train",
+    "validate": "trainjobs.commands.validate",
     "estimate": "trainjobs.commands.estimate",
     "serve": "trainjobs.commands.service",
     "worker": "trainjobs.commands.service",

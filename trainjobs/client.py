@@ -16,8 +16,8 @@ import logging
 import os
 import time
 import zipfile
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import httpx
@@ -153,14 +153,20 @@ class Client:
         spec: str | Path | Mapping[str, Any] | BaseModel,
         priority: int | None = None,
         queue: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Submit a job (the spec plus optional priority and queue); returns the created job."""
+        """Submit a job (the spec plus optional priority and queue); returns the created job.
+
+        ``dry_run``: the service runs its checks (preflight, estimate) and returns the report, storing nothing.
+        """
         body = spec_payload(spec)
         if priority is not None:
             body["priority"] = priority
         if queue is not None:
             body["queue"] = queue
-        result: dict[str, Any] = self._json("POST", "/v1/jobs", json=body)
+        params = {"dry_run": "true"} if dry_run else None
+        result: dict[str, Any] = self._json("POST", "/v1/jobs", json=body, params=params)
         return result
 
     def get(self, job_id: str) -> dict[str, Any]:
@@ -260,10 +266,18 @@ class Client:
         items: JsonList = data.get("items", data) if isinstance(data, Mapping) else data
         return items
 
-    def download(self, job_id: str, path: str, dest: str | Path) -> Path:
-        """Stream one artifact to ``dest`` (a file, or a folder to put it in); returns the file."""
+    def download(
+        self, job_id: str, path: str, dest: str | Path, progress: Callable[[int], None] | None = None
+    ) -> Path:
+        """Stream one artifact to ``dest``; returns the file written.
+
+        ``dest`` is a folder (created when missing, the artifact keeps its file name) when it is one,
+        ends with a separator, or does not exist and has no file suffix; otherwise it is the file's name.
+        ``progress`` is called with the size of each chunk written.
+        """
         target = Path(dest)
-        if target.is_dir():
+        as_folder = target.is_dir() or str(dest).endswith(("/", os.sep)) or (not target.exists() and not target.suffix)
+        if as_folder:
             target = target / Path(path).name
         try:
             with self._http.stream("GET", f"/v1/jobs/{job_id}/artifacts/{path}") as resp:
@@ -274,9 +288,25 @@ class Client:
                 with target.open("wb") as out:
                     for chunk in resp.iter_bytes():
                         out.write(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"cannot reach {self.base_url}: {exc}") from exc
         return target
+
+    def download_all(
+        self, job_id: str, dest: str | Path, progress: Callable[[int], None] | None = None
+    ) -> tuple[Path, ...]:
+        """Every artifact of the job into folder ``dest`` (created when missing), keeping relative paths."""
+        written: tuple[Path, ...] = ()
+        for item in self.artifacts(job_id):
+            rel = PurePosixPath(str(item["path"]))
+            if rel.is_absolute() or ".." in rel.parts:  # the API never sends these; never write outside dest
+                raise TrainjobsError(f"refusing artifact path {rel}")
+            folder = Path(dest).joinpath(*rel.parts[:-1])
+            folder.mkdir(parents=True, exist_ok=True)
+            written += (self.download(job_id, str(rel), folder, progress),)
+        return written
 
     # estimates, catalog, datasets
     def estimate(

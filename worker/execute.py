@@ -29,6 +29,7 @@ from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint, read_progress
 from worker.db_retry import retry_database
 from worker.lease import LeaseKeeper
+from worker.oom_retry import retry_after_oom
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
 from worker.recovery import requeue_or_fail
@@ -117,6 +118,12 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
                                    f"job {job_id}: restart")  # fmt: skip
         if restarted:
             return JobStatus.queued.value
+    if outcome.reason == ErrorReason.out_of_memory:
+        retried = retry_database(lambda: retry_after_oom(job_id, settings, outcome, attempt),
+                                 f"job {job_id}: out-of-memory retry")  # fmt: skip
+        if retried is None:
+            return JobStatus.queued.value
+        outcome = retried
     store_artifacts(job_id, settings, paths)
     return retry_database(lambda: record_outcome(job_id, settings, outcome, attempt), f"job {job_id}: outcome")
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from typing import Annotated
+from threading import Event
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, or_, select
 from sqlalchemy.orm import Session, defer, sessionmaker
@@ -24,19 +26,21 @@ from api.deps import (
     SettingsDep,
     owned_dataset,
 )
-from api.estimation import estimate_for_submit
+from api.estimation import budget_for, estimate_for_submit, plan
 from api.paths import check_spec_locations, resolve_uploaded_dataset
+from api.preflight import run_preflight
 from api.problems import Problem
 from api.quotas import check_queued_quota
 from api.schemas.common import problem_responses
 from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut, JobSummary
+from api.schemas.preflight import DryRunOut
 from service_core.db.base import utcnow
 from service_core.db.jobstore import insert_job, transition
-from service_core.db.models import Job
+from service_core.db.models import Job, JobEvent
 from service_core.keys import Caller
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.spec import SpecError, untrainable_errors
+from trainer_core.spec import JobSpec, SpecError, untrainable_errors
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
@@ -46,7 +50,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
-    responses=problem_responses(413, 429, 503),
+    responses={
+        **problem_responses(413, 429, 503),
+        200: {"model": DryRunOut, "description": "`dry_run=true`: the checks"},
+    },
 )
 async def submit_job(
     body: JobCreate,
@@ -55,25 +62,29 @@ async def submit_job(
     settings: SettingsDep,
     caller: CallerDep,
     enqueue: EnqueueDep,
+    request: Request,
     response: Response,
-) -> JobOut:
-    """Validate, estimate, store and enqueue a job; nothing is stored when any check fails."""
+    dry_run: Annotated[bool, Query(description="Run preflight and the estimate only; store nothing.")] = False,
+) -> JobOut | JSONResponse:
+    """Validate, estimate, preflight, store and enqueue a job; nothing is stored when any check fails."""
     # All the blocking work in one threadpool call: as a plain `def` route with a session dependency
     # it took four hand-offs (session open, call, response validation, session close).
-    job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue)
+    warmed_up = request.app.state.warmed_up
+    if dry_run:
+        report = await run_in_threadpool(check_job, body, sessions, settings, caller, warmed_up)
+        return JSONResponse(report.model_dump(mode="json"))
+    job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue, warmed_up)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
 
 
-def create_job(
-    body: JobCreate,
-    engine: Engine,
-    sessions: sessionmaker[Session],
-    settings: Settings,
-    caller: Caller,
-    enqueue: Enqueuer,
-) -> JobOut:
-    """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
+def checked_spec(
+    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
+) -> tuple[JobSpec, str, str | None, dict[str, Any] | None, dict[str, Any]]:
+    """Every check a submit makes, in order (locations, preflight, budget); a Problem/SpecError on failure.
+
+    Returns the spec as it would be stored, its queue, uploaded dataset id, estimate and preflight report.
+    """
     spec = body.job_spec()
     untrainable = untrainable_errors(spec, cuda=True)  # the worker's device is checked by the run
     if untrainable:  # estimates take these specs; the worker cannot run them yet
@@ -86,7 +97,40 @@ def create_job(
             dataset_id = dataset.id
         spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
     spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
+    # Preflight first: its messages about the data and the model say more than the estimator's would.
+    report = run_preflight(spec, warmed_up)
     estimate = estimate_for_submit(spec, queue, settings)
+    return spec, queue, dataset_id, estimate, report
+
+
+def check_job(
+    body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
+) -> DryRunOut:
+    """A dry run: the checks of :func:`create_job`, answered as a report, storing nothing."""
+    spec, queue, _, estimate, report = checked_spec(body, sessions, settings, caller, warmed_up)
+    budget = budget_for(spec, queue, settings)
+    advice = plan(spec, budget).model_dump(mode="json") if budget is not None and estimate is not None else None
+    return DryRunOut(
+        queue=queue,
+        spec=spec.model_dump(mode="json", exclude_unset=True),
+        preflight=report,
+        estimate=estimate,
+        budget_gb=budget,
+        plan=advice,
+    )
+
+
+def create_job(
+    body: JobCreate,
+    engine: Engine,
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    caller: Caller,
+    enqueue: Enqueuer,
+    warmed_up: Event | None = None,
+) -> JobOut:
+    """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
+    spec, queue, dataset_id, estimate, _ = checked_spec(body, sessions, settings, caller, warmed_up)
     # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
     # The row is its own outbox record: stamped as sent by the same INSERT (no second round trip), so
     # a crash before the send below leaves a queued job the workers' sweep sends again.
@@ -170,9 +214,12 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def get_job(job: OwnedJob) -> JobOut:
-    """Status, progress, latest and final metrics, estimated and measured memory, error, timestamps."""
-    return JobOut.from_job(job)
+def get_job(job: OwnedJob, session: SessionDep) -> JobOut:
+    """Status, progress, latest and final metrics, estimated and measured memory, error, retries, timestamps."""
+    out = JobOut.from_job(job)
+    retries = select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == "retry").order_by(JobEvent.seq)
+    out.retries = [dict(data) for data in session.execute(retries).scalars()]
+    return out
 
 
 @router.post(

@@ -94,6 +94,10 @@ class JobSummary(BaseModel):
     memory: MemoryComparison
     error: JobError | None
     attempts: int
+    retries: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Attempts that ran out of device memory (job detail only): step, micro-batch, changes made.",
+    )
     cancel_requested: bool
     created_at: UtcDatetime
     started_at: UtcDatetime | None

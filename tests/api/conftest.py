@@ -25,6 +25,7 @@ from service_core.db.models import Job
 from service_core.keys import create_api_key
 from service_core.settings import Settings
 from service_core.status import JobStatus
+from tests.trainer_core.datagen import write_sentiment_csv
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
@@ -70,6 +71,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
     (tmp_path / "data").mkdir()
+    # The data make_spec() names: submits run preflight, which reads it.
+    write_sentiment_csv(tmp_path / "data" / "reviews", n_train=32, n_val=8)
     return Settings.model_validate(
         {
             "TRAINJOBS_HOME": tmp_path,

@@ -15,6 +15,13 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from tests.api.conftest import Keys, add_job, make_spec
 
+# A BERT-large shape, config-built: far over the 1 GB test budget, and nothing to fetch from the hub
+# (a hub id that is not cached is refused by preflight while HF_HUB_OFFLINE is set).
+BERT_LARGE_CONFIG = {
+    "model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "intermediate_size": 4096, "vocab_size": 30522,
+}
+
 
 def drain_broker(settings: Settings, queue: str) -> list[dict[str, Any]]:
     """Every message waiting on ``queue`` in the embedded broker: task name and args."""
@@ -84,11 +91,7 @@ def test_submit_without_or_with_wrong_key_is_401(client: TestClient, keys: Keys,
 def test_over_budget_submit_is_refused_with_plan(
     client: TestClient, keys: Keys, session: Session, settings: Settings
 ) -> None:
-    spec = make_spec(
-        name="bert-large",
-        model={"name_or_path": "bert-large-uncased"},
-        resources={"gpu_memory_gb": 1},
-    )
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG}, resources={"gpu_memory_gb": 1})
     response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
     problem = response.json()
@@ -102,7 +105,7 @@ def test_over_budget_submit_is_refused_with_plan(
 
 
 def test_queue_budget_applies_without_spec_budget(client: TestClient, keys: Keys, session: Session) -> None:
-    spec = make_spec(name="bert-large", model={"name_or_path": "bert-large-uncased"})
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG})
     response = client.post("/v1/jobs", json={**spec, "queue": "gpu-1g"}, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
     assert response.json()["errors"][0]["field"] == "queue"
@@ -259,3 +262,41 @@ def test_openapi_lists_the_status_and_reason_vocabulary(client: TestClient) -> N
     assert {"$ref": "#/components/schemas/ErrorReason"} in schemas["JobError"]["properties"]["reason"]["anyOf"]
     assert schemas["JobStatus"]["enum"] == [s.value for s in JobStatus]
     assert schemas["ErrorReason"]["enum"] == [r.value for r in ErrorReason]
+
+
+def test_over_budget_advice_is_true_when_nothing_fits(client: TestClient, keys: Keys, session: Session) -> None:
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG}, resources={"gpu_memory_gb": 0.01})
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["plan"]["entries"] == []
+    assert "`plan` lists" not in problem["detail"]  # no promise of a plan it does not have
+    assert "nothing the planner tried fits" in problem["detail"]
+    smallest = problem["plan"]["minimum_total_bytes"] / (1 << 30)
+    assert f"smallest footprint found is {smallest:.2f} GiB with " in problem["detail"]
+    assert all(f"{k}={v}" in problem["detail"] for k, v in problem["plan"]["minimum_changes"].items())
+    assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+
+
+def test_over_budget_advice_names_the_first_entry_that_fits(client: TestClient, keys: Keys) -> None:
+    spec = make_spec(name="bert-large", model={"config": BERT_LARGE_CONFIG}, resources={"gpu_memory_gb": 4})
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    entries = problem["plan"]["entries"]
+    assert entries and f"`plan` lists {len(entries)} configuration(s) that fit" in problem["detail"]
+    assert all(f"{k}={v}" in problem["detail"] for k, v in entries[0]["changes"].items())
+
+
+def test_job_detail_lists_its_out_of_memory_retries(client: TestClient, keys: Keys, session: Session) -> None:
+    from service_core.db.jobstore import add_events
+
+    job = add_job(session, "alice")
+    retry = {"reason": "out_of_memory", "attempt": 1, "micro_batch": 8,
+             "changes": {"training.per_device_train_batch_size": 4, "efficiency.gradient_accumulation_steps": 2}}
+    add_events(session, job.id, [("retry", retry, None), ("log", {"message": "not a retry"}, None)])
+    session.commit()
+    body = client.get(f"/v1/jobs/{job.id}", headers=keys.auth(keys.alice)).json()
+    assert body["retries"] == [retry]
+    listed = client.get("/v1/jobs", headers=keys.auth(keys.alice)).json()["items"]
+    assert listed[0]["retries"] == []  # the list stays one query; the detail has them

@@ -77,7 +77,7 @@ def test_failed_run_exits_1_with_a_done_failed_event(tmp_path: Path, capsys: pyt
     assert code == 1
     events = [e for e in map(parse_event_line, capsys.readouterr().out.splitlines()) if e is not None]
     assert events[-1]["event"] == "done" and events[-1]["status"] == "failed"
-    assert events[-1]["summary"]["reason"] == "error"
+    assert events[-1]["summary"]["reason"] == "model_error"
 
 
 def test_missing_spec_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,4 +83,4 @@ def test_fp16_without_cuda_is_a_spec_error_suggesting_bf16(tmp_path: Path, monke
 def test_out_of_memory_is_recognised_as_such() -> None:
     assert failure_reason(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")) == "out_of_memory"
     assert failure_reason(RuntimeError("DefaultCPUAllocator: can't allocate memory: out of memory")) == "out_of_memory"
-    assert failure_reason(ValueError("shapes do not match")) == "error"
+    assert failure_reason(ValueError("shapes do not match")) == "internal"

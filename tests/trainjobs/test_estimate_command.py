@@ -30,7 +30,7 @@ def write_spec(tmp_path: Path, model: str, batch: int = 8) -> Path:
 
 def test_table_lists_parts_and_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, "bert-large-uncased", batch=32)
-    assert main(["estimate", str(spec), "--gpu-memory", "8GiB"]) == 0
+    assert main(["estimate", str(spec), "--gpu-memory", "8GiB"]) == 3  # only a plan entry fits
     out = capsys.readouterr().out
     for part in ("parameters", "gradients", "optimizer_state", "activations", "overhead", "total per device"):
         assert part in out
@@ -47,7 +47,7 @@ def test_the_lean_renderer_writes_sizes_as_the_estimator_does() -> None:
 
 def test_json_has_the_headline_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, "distilbert-base-uncased")
-    assert main(["estimate", str(spec), "--json", "--devices", "2", "--gpu-memory", "24"]) == 0
+    assert main(["estimate", str(spec), "--json", "--devices", "2", "--gpu-memory", "24"]) == 0  # fits
     payload = json.loads(capsys.readouterr().out)
     keys = ["parameters", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "activation_bytes",
             "transient_bytes", "overhead_bytes", "total_bytes"]  # fmt: skip
@@ -68,3 +68,16 @@ def test_memory_sizes_parse_in_gib() -> None:
     assert parse_memory("512MiB") == 0.5
     with pytest.raises(Exception, match="--gpu-memory"):
         parse_memory("lots")
+
+
+def test_exit_status_says_whether_the_spec_a_plan_entry_or_nothing_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = str(write_spec(tmp_path, "bert-large-uncased", batch=32))
+    assert main(["estimate", spec]) == 0  # no budget: nothing to fit
+    assert main(["estimate", spec, "--gpu-memory", "80GiB"]) == 0
+    assert main(["estimate", spec, "--gpu-memory", "8GiB"]) == 3
+    capsys.readouterr()
+    assert main(["estimate", spec, "--gpu-memory", "512MiB"]) == 4
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "nothing fits; the smallest footprint is" in out

@@ -114,7 +114,7 @@ def test_missing_data_file_fails_with_the_runs_reason(
     job_id = make_job(sqlite_settings, spec)
     assert execute_job(job_id, sqlite_settings) == "failed"
     job = load_job(sqlite_settings, job_id)
-    assert job.error_reason == "invalid_spec"  # the run's own reason, from its done event
+    assert job.error_reason == "data_error"  # the run's own reason, from its done event
     assert job.error_message is not None
     assert "dataset.data_files" in job.error_message and "missing-train.csv" in job.error_message
     files = {f["path"] for f in ArtifactStore(sqlite_settings.artifacts_root).list(job_id)}

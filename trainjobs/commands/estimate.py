@@ -82,11 +82,23 @@ def run_remote(args: argparse.Namespace) -> int:
     """``trainjobs estimate SPEC --remote``: the service's answer, rendered as a local one."""
     payload = remote_payload(args)
     print(json.dumps(payload) if args.json else render_estimate(payload))
-    return 0
+    return fit_exit_code(payload)
+
+
+# Exit statuses with a budget: the spec fits / only a plan entry fits / nothing the planner tried fits.
+EXIT_FITS, EXIT_PLAN_FITS, EXIT_NOTHING_FITS = 0, 3, 4
+
+
+def fit_exit_code(payload: dict[str, Any]) -> int:
+    """0 when the spec fits (or no budget was given), 3 when only a plan entry fits, 4 when nothing does."""
+    plan = payload.get("plan")
+    if payload.get("fits") is not False or plan is None:
+        return EXIT_FITS
+    return EXIT_PLAN_FITS if plan.get("entries") else EXIT_NOTHING_FITS
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the estimate; exit 0, or 2 for a spec or model that cannot be estimated."""
+    """Print the estimate; exit as :func:`fit_exit_code` says, or 2 for a spec or model that cannot be estimated."""
     if args.remote:
         return run_remote(args)
     from trainer_core.spec import SpecError
@@ -101,4 +113,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(payload) if args.json else render_estimate(payload))
-    return 0
+    return fit_exit_code(payload)

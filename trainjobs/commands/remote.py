@@ -47,6 +47,10 @@ def report_error(exc: BaseException) -> int:
             print(str(exc.detail), file=sys.stderr)
         for line in exc.lines():
             print(line, file=sys.stderr)
+        from trainjobs.commands.advice import over_budget_lines
+
+        for line in over_budget_lines(exc.body):
+            print(line, file=sys.stderr)
     elif isinstance(exc, FileNotFoundError):
         print(f"error: no such file: {exc.filename}", file=sys.stderr)
     else:
@@ -79,6 +83,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from trainjobs.follow import follow
 
     with client_for(args) as client:
+        if args.dry_run:
+            emit(client.submit(args.spec, priority=args.priority, queue=args.queue, dry_run=True))
+            return 0
         job = client.submit(args.spec, priority=args.priority, queue=args.queue)
         print(job["id"])
         print(f"submitted {job.get('name', '')} as {job['id']} ({job.get('status')})", file=sys.stderr)
@@ -147,6 +154,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     submit.add_argument("--follow", "-f", action="store_true", help="show live progress; exit with the outcome")
     submit.add_argument("--priority", type=int, default=None)
     submit.add_argument("--queue", default=None, help="queue (e.g. a GPU memory class such as gpu-80g)")
+    submit.add_argument(
+        "--dry-run", action="store_true", help="only check the job (preflight, estimate) and print the report"
+    )
     submit.set_defaults(func=cmd_submit)
 
     jobs = subparsers.add_parser("jobs", help="list, show, cancel and follow jobs")
@@ -164,6 +174,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     logs.add_argument("id")
     logs.add_argument("--follow", "-f", action="store_true", help="live progress bar until the job ends")
     logs.set_defaults(func=cmd_logs)
+    from trainjobs.commands.download import add_download_parser  # it imports this module
+
+    add_download_parser(jobs_sub, conn)
 
     datasets = subparsers.add_parser("datasets", help="upload and list datasets")
     ds_sub = datasets.add_subparsers(dest="datasets_command", metavar="ACTION", required=True)

@@ -1,0 +1,44 @@
+"""Preflight as the API runs it: in its own thread with a deadline, so a slow disk cannot hold a submit.
+
+The checks themselves are :func:`trainer_core.preflight.preflight` (imported on first use: it loads
+datasets and transformers). Its :class:`~trainer_core.preflight.PreflightError` is a SpecError, which
+the problem handlers turn into a 422 naming each field.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from api.problems import Problem
+from trainer_core.spec import JobSpec
+
+PREFLIGHT_TIMEOUT_S = 10.0
+# A few threads: preflight reads are bounded, and a timed-out one still finishes on its own.
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="preflight")
+
+
+def run_preflight(
+    spec: JobSpec, warmed_up: threading.Event | None = None, timeout_s: float = PREFLIGHT_TIMEOUT_S
+) -> dict[str, Any]:
+    """The preflight report as a dict; a 422 (SpecError) when a check fails, a 503 past the deadline.
+
+    ``warmed_up`` is the app's warm-up event: importing datasets and transformers here while the
+    warm-up thread is still importing them can meet a half-initialised module, so wait for it first.
+    """
+    if warmed_up is not None:
+        warmed_up.wait(timeout_s)
+    from trainer_core.preflight import preflight
+
+    future = _POOL.submit(preflight, spec)
+    try:
+        return future.result(timeout=timeout_s).as_dict()
+    except FutureTimeout as exc:
+        raise Problem(
+            503,
+            f"preflight did not finish reading the data and model within {timeout_s:g} s; nothing was stored, "
+            "submit again later",
+            headers={"Retry-After": "5"},
+        ) from exc

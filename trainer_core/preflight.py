@@ -1,0 +1,171 @@
+"""Preflight: what can be checked about a spec before any GPU is spent, in bounded time.
+
+Data is read through :mod:`trainer_core.data.peek` (a few MB at most) and checked with the run's own
+rules (:func:`~trainer_core.data.loading.select_splits`, ``check_columns``, ``build_label_mapping``,
+the image and audio decoders), so a spec that passes here fails later only for what a head cannot
+show. Models, tokenizers and processors are located (local folder, hub cache, or, when online, the
+hub with one short request) and their config is checked against the task's model class.
+
+Every problem found is collected and raised as one :class:`PreflightError` naming each field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from datasets import Dataset, DatasetDict
+
+from trainer_core.data.loading import build_label_mapping, check_columns, select_splits
+from trainer_core.data.peek import FOLDER_EXTENSIONS, SplitHead, peek_splits
+from trainer_core.locate import check_model_sources
+from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
+
+logger = logging.getLogger(__name__)
+
+MEDIA_SAMPLES = 4  # image/audio cells decoded per split
+
+
+@dataclass
+class PreflightReport:
+    """What preflight checked and found: splits with row counts, the label set, model sources."""
+
+    checks: list[str] = field(default_factory=list)
+    splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    labels: list[str] | None = None
+    labels_complete: bool = False
+    columns: list[str] = field(default_factory=list)
+    model: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PreflightError(SpecError):
+    """A spec that preflight shows cannot run; ``report`` holds what was checked before."""
+
+    def __init__(self, errors: list[FieldError], report: PreflightReport):
+        self.report = report
+        super().__init__(errors)
+
+
+def preflight(spec: JobSpec) -> PreflightReport:
+    """Check ``spec``'s data and model without training; raises :class:`PreflightError` on any problem.
+
+    Locations must already be final (absolute, or relative to the working directory).
+    """
+    report = PreflightReport()
+    errors: list[FieldError] = []
+    try:
+        _check_data(spec, report)
+    except SpecError as exc:
+        errors.extend(exc.errors)
+    errors.extend(check_model_sources(spec, report.model, report.checks))
+    if errors:
+        raise PreflightError(errors, report)
+    return report
+
+
+def _check_data(spec: JobSpec, report: PreflightReport) -> None:
+    if spec.dataset.path not in BUILTIN_DATASET_BUILDERS:
+        report.notes.append(f"hub dataset {spec.dataset.path!r}: not read before the run")
+        return
+    if "://" in json.dumps([spec.dataset.data_files, spec.dataset.data_dir]):
+        # Remote files (http, s3, hf...) are fetched by the run; preflight stays on this machine.
+        report.notes.append("remote data files: not read before the run")
+        return
+    heads = peek_splits(spec)
+    report.checks.append("data_files")
+    for name, head in heads.items():
+        report.splits[name] = {"rows": head.num_rows, "exact": head.exact}
+    train, eval_split = _chosen_splits(spec, heads, report)
+    report.columns = list(train.rows.column_names)
+    check_columns(spec, train.rows, "train")
+    if eval_split is not None:
+        check_columns(spec, eval_split.rows, "eval")
+    report.checks.append("columns")
+    _check_labels(spec, train, eval_split, report)
+    if spec.task != "text-classification":
+        _check_media(spec, train.rows, "train")
+        if eval_split is not None:
+            _check_media(spec, eval_split.rows, "eval")
+        report.checks.append("media_decodes")
+
+
+def _chosen_splits(
+    spec: JobSpec, heads: dict[str, SplitHead], report: PreflightReport
+) -> tuple[SplitHead, SplitHead | None]:
+    """Train and eval as the run picks them, each with at least one row.
+
+    The run's own :func:`select_splits` names the splits; an ``eval_fraction`` hold-out is counted
+    here rather than drawn (it is a random part of train: its rows and columns are train's).
+    """
+    ds = spec.dataset
+    raw = DatasetDict({name: head.rows for name, head in heads.items()})
+    no_holdout = spec.model_copy(update={"dataset": ds.model_copy(update={"eval_fraction": None})})
+    _, eval_rows = select_splits(no_holdout, raw)
+    train = heads[ds.train_split]
+    if train.num_rows < 1:
+        raise SpecError([FieldError("dataset.train_split", f"the {ds.train_split!r} split has no rows")])
+    report.checks.append("splits")
+    if eval_rows is None and ds.eval_fraction is not None:
+        held = math.ceil(ds.eval_fraction * train.num_rows)
+        if train.num_rows - held < 1:
+            message = f"holding out {ds.eval_fraction:g} of {train.num_rows} rows leaves none to train on"
+            raise SpecError([FieldError("dataset.eval_fraction", message)])
+        report.splits["eval_fraction"] = {"rows": held, "exact": train.exact}
+        report.splits[ds.train_split] = {"rows": train.num_rows - held, "exact": train.exact}
+        return train, None
+    if eval_rows is None:
+        return train, None
+    name = next(n for n, h in heads.items() if h.rows is eval_rows)
+    if heads[name].num_rows < 1:
+        where = "dataset.eval_split" if ds.eval_split is not None else f"dataset.data_files.{name}"
+        raise SpecError([FieldError(where, f"the {name!r} split has no rows to evaluate on")])
+    return train, heads[name]
+
+
+def _check_labels(spec: JobSpec, train: SplitHead, eval_split: SplitHead | None, report: PreflightReport) -> None:
+    column = spec.dataset.label_column
+    seen = {v for v in train.rows.data.column(column).to_pylist() if v is not None}
+    if not train.exact and len(seen) < 2:
+        # Only the head was read: a file sorted by label may still hold others further down.
+        report.notes.append(f"only {len(seen)} label(s) in the first {len(train.rows)} train rows")
+        return
+    # Eval labels unseen in train are an error only when all of train was read.
+    eval_rows = eval_split.rows if eval_split is not None and train.exact else None
+    mapping = build_label_mapping(train.rows, eval_rows, column)
+    report.labels = mapping.names
+    report.labels_complete = train.exact
+    report.checks.append("labels")
+
+
+def _check_media(spec: JobSpec, rows: Dataset, split_name: str) -> None:
+    """Decode a few cells with the run's own decoders, so a folder of non-images fails now."""
+    from trainer_core.data.audio import read_audio
+    from trainer_core.data.image import to_rgb
+
+    image = spec.task == "image-classification"
+    column = spec.dataset.image_column if image else spec.dataset.audio_column
+    field_name = "dataset.image_column" if image else "dataset.audio_column"
+    if spec.dataset.path in FOLDER_EXTENSIONS:
+        field_name = "dataset.data_dir"
+    if len(rows) == 0:
+        raise SpecError([FieldError(field_name, f"the {split_name} split holds no {column} files")])
+    for value in rows[column][:MEDIA_SAMPLES]:
+        try:
+            to_rgb(value) if image else read_audio(value)
+        except SpecError:
+            raise
+        except Exception as exc:  # PIL and soundfile raise many types for a file they cannot decode
+            name = value.get("path") if isinstance(value, dict) else value
+            kind = "an image" if image else "audio"
+            message = f"cannot decode {name!r} as {kind} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            raise SpecError([FieldError(field_name, message)]) from exc
+
+
+__all__ = ["PreflightError", "PreflightReport", "preflight"]
