@@ -11,7 +11,8 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.problems import Problem, problem_response
+from api.problems import Problem, database_unavailable, problem_response
+from service_core.db.session import DATABASE_UNAVAILABLE
 from service_core.keys import Caller, authenticate_hash, hash_key, touch_api_key
 
 
@@ -108,5 +109,8 @@ class AuthGateMiddleware:
                 scope[CALLER_SCOPE_KEY] = await authenticate(scope["app"], bearer_key(scope))
             except Problem as problem:
                 await problem_response(problem)(scope, receive, send)
+                return
+            except DATABASE_UNAVAILABLE as exc:  # outside the app's exception handlers: answer it here
+                await problem_response(database_unavailable(scope["method"], scope["path"], exc))(scope, receive, send)
                 return
         await self.app(scope, receive, send)

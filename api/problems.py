@@ -110,11 +110,15 @@ async def _on_http_exception(_request: Request, exc: Exception) -> JSONResponse:
     return problem_response(Problem(exc.status_code, detail, headers=exc.headers))
 
 
+def database_unavailable(method: str, path: str, exc: BaseException) -> Problem:
+    """The 503 for a database that cannot be reached (from a route, or a middleware before one)."""
+    logger.warning("database unavailable on %s %s: %s", method, path, type(exc).__name__)
+    retry = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+    return Problem(503, "the database is unavailable; retry shortly", headers=retry)
+
+
 async def _on_database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    logger.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-    return problem_response(
-        Problem(503, "the database is unavailable; retry shortly", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
-    )
+    return problem_response(database_unavailable(request.method, request.url.path, exc))
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -20,6 +20,7 @@ from service_core.keys import create_api_key
 from service_core.settings import Settings
 from tests.api.conftest import PG_SERVER, make_spec
 from tests.faults.tcp_proxy import TcpProxy
+from tests.trainer_core.datagen import write_sentiment_csv
 
 pytestmark = pytest.mark.postgres
 
@@ -46,7 +47,7 @@ def test_every_route_answers_503_while_the_database_is_away_and_recovers(
     proxied_pg: tuple[TcpProxy, str], tmp_path: Path
 ) -> None:
     proxy, url = proxied_pg
-    (tmp_path / "data").mkdir()
+    write_sentiment_csv(tmp_path / "data" / "reviews", n_train=32, n_val=8)  # what make_spec() trains on
     settings = Settings.model_validate({
         "TRAINJOBS_HOME": tmp_path, "DATABASE_URL": url, "DATA_ROOT": tmp_path / "data",
         "BROKER_URL": f"sqla+sqlite:///{tmp_path / 'broker.db'}", "ARTIFACTS_ROOT": str(tmp_path / "artifacts"),

@@ -13,7 +13,7 @@ from service_core.db.models import Dataset, Job
 from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
 
-CSV = b"text,label\nbob's private text,1\n"
+CSV = b"text,label\nbob's private text,1\nmore private text,0\n"  # two labels: preflight wants a classification
 
 
 def bobs_upload(client: TestClient, keys: Keys, session: Session) -> str:
@@ -84,14 +84,14 @@ def test_patterns_in_own_folders_and_shared_folders_are_allowed(
     bobs_upload(client, keys, session)
     mine = client.post("/v1/datasets", files={"file": ("mine.csv", CSV)}, headers=keys.auth(keys.alice))
     assert mine.status_code == 201, mine.text
-    reviews = settings.data_root / "reviews"
-    reviews.mkdir()
-    (reviews / "train.csv").write_bytes(CSV)
+    shared = settings.data_root / "shared"  # a folder of its own: the fixture's reviews/ holds other data
+    shared.mkdir()
+    (shared / "train.csv").write_bytes(CSV)
     for dataset in (
         {"path": "csv", "data_files": "uploads/alice/*/*.csv"},
-        {"path": "csv", "data_files": {"train": "reviews/*.csv"}},
-        {"path": "csv", "data_files": "reviews/**"},
-        {"path": "csv", "data_dir": "reviews"},
+        {"path": "csv", "data_files": {"train": "shared/*.csv"}},
+        {"path": "csv", "data_files": "shared/**"},
+        {"path": "csv", "data_dir": "shared"},
     ):
         response = submit(client, keys.alice, dataset)
         assert response.status_code == 201, (dataset, response.text)
@@ -101,6 +101,6 @@ def test_patterns_in_own_folders_and_shared_folders_are_allowed(
 
 
 def test_a_pattern_the_loader_cannot_read_is_422(client: TestClient, keys: Keys, settings: Settings) -> None:
-    (settings.data_root / "reviews").mkdir()
+    (settings.data_root / "reviews").mkdir(exist_ok=True)
     # fsspec refuses `**` inside a name: a 422 naming the field, not a failed run later.
     assert_refused(submit(client, keys.alice, {"path": "csv", "data_files": "reviews/a**b.csv"}), "dataset.data_files")

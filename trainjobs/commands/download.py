@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainjobs.commands.remote import client_for, readable_errors
+from trainjobs.commands.connection import client_for, readable_errors
 
 
 @readable_errors

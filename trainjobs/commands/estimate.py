@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Any
 
-from trainjobs.commands.remote import client_for, connection_options, readable_errors
+from trainjobs.commands.connection import client_for, connection_options, readable_errors
 from trainjobs.memory_table import render_estimate
 
 UNITS = {"": 1024**3, "g": 1024**3, "gib": 1024**3, "gb": 1000**3, "m": 1024**2, "mib": 1024**2, "mb": 1000**2}
