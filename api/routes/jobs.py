@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from sqlalchemy import Engine, and_, or_, select
+from sqlalchemy import Engine, select, tuple_
 from sqlalchemy.orm import Session, defer, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -204,9 +204,9 @@ def list_jobs(
         query = query.where(Job.status == status_.value)
     if cursor is not None:
         after = decode_cursor(cursor)
-        query = query.where(
-            or_(Job.created_at < after.created_at, and_(Job.created_at == after.created_at, Job.id < after.id))
-        )
+        # A row value, not `a < x OR (a = x AND b < y)`: PostgreSQL turns it into one index range
+        # (jobs(created_at, id)) instead of reading and discarding every newer entry (bench_history).
+        query = query.where(tuple_(Job.created_at, Job.id) < tuple_(after.created_at, after.id))
     rows = session.execute(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).scalars().all()
     page = list(rows[:limit])
     next_cursor = encode_cursor(page[-1]) if len(rows) > limit else None
