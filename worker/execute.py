@@ -80,7 +80,14 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     paths = run_paths(job_id, settings)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    resume = newest_checkpoint(paths.output_dir) is not None
+    checkpoint = newest_checkpoint(paths.output_dir)
+    resume = checkpoint is not None
+    if checkpoint is not None:
+        # Whoever requeued the job (a restart, a worker's shutdown, the orphan recovery after a killed
+        # slot), its last attempt may have logged points after this checkpoint: the resumed run logs
+        # those steps anew, so they go now, once per step.
+        step = read_progress(checkpoint).global_step
+        retry_database(lambda: rewind(job_id, settings, step), f"job {job_id}: rewind metrics")
     log.info("job %s: running in %s (resume=%s)", job_id, paths.output_dir, resume)
     try:
         outcome = supervise_run(
@@ -100,6 +107,15 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
             return JobStatus.queued.value
     store_artifacts(job_id, settings, paths)
     return retry_database(lambda: record_outcome(job_id, settings, outcome), f"job {job_id}: outcome")
+
+
+def rewind(job_id: str, settings: Settings, checkpoint_step: int) -> None:
+    """Drop the job's metric points after ``checkpoint_step`` (see :func:`worker.restarts.rewind_metrics`)."""
+    with session_scope(settings.database_url) as session:
+        dropped = rewind_metrics(session, job_id, checkpoint_step)
+    if dropped:
+        log.info("job %s: dropped %d metric points after step %d, logged anew on resume", job_id, dropped,
+                 checkpoint_step)  # fmt: skip
 
 
 def claim(job_id: str, settings: Settings) -> tuple[dict[str, Any], dict[str, Any] | None] | None:

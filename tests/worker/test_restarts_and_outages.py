@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from service_core.db import Base, JobEvent, MetricPoint
+from service_core.db import Base, Job, JobEvent, MetricPoint
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason
@@ -81,6 +81,33 @@ def test_a_killed_run_resumes_from_its_checkpoint_until_its_restarts_are_spent(
     job = load_job(sqlite_settings, spent)
     assert (result["status"], job.status, job.error_reason) == ("failed", "failed", ErrorReason.worker_lost)
     assert "no restarts left: resources.max_restarts is 0" in (job.error_message or "")
+
+
+@pytest.mark.slow
+def test_any_resume_drops_the_lost_attempts_points_after_its_checkpoint(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    # Found by the chaos bench (R1, a SIGKILLed slot): the orphan recovery requeued the job without
+    # the restart path's rewind, and the resumed run logged steps 11-13 a second time.
+    spec = quick_spec(sentiment_files, max_steps=4, save_steps=4, eval_strategy="no")
+    job_id = make_job(sqlite_settings, spec)
+    assert execute_job(job_id, sqlite_settings) == "succeeded"  # leaves checkpoint-4 behind
+    # A later attempt that trained on to step 7 and was lost there, its job requeued by recovery.
+    ingestor = EventIngestor(job_id, session_factory(sqlite_settings), progress_rows_per_s=0)
+    for step in (5, 6, 7):
+        ingestor.add(make_event("metric", step=step, values={"loss": 1.0 / step}))
+    assert ingestor.flush() == 3
+    with session_scope(sqlite_settings.database_url) as session:
+        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
+        job.status, job.spec = "queued", {**spec, "training": {**spec["training"], "max_steps": 8}}
+
+    assert execute_job(job_id, sqlite_settings) == "succeeded"  # resumes from checkpoint-4
+    with session_scope(sqlite_settings.database_url) as session:
+        steps = session.execute(
+            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
+            .order_by(MetricPoint.seq)
+        ).scalars().all()
+    assert sorted(steps) == list(range(1, 9))  # one point per step, none twice
 
 
 @pytest.fixture
