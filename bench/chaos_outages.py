@@ -20,7 +20,6 @@ from bench.chaos_checks import Row, job_facts, judge
 from bench.chaos_scenarios import job_row, mid_training, run_pid, running_again, wait_terminal
 from bench.chaos_service import API_KEY, REPO, Service, pid_alive, processes_of, wait_for
 from service_core.status import ErrorReason, JobStatus
-from worker.processes import stop_processes
 
 
 def db_outage(svc: Service, row: Row, seconds: float) -> None:
@@ -43,28 +42,30 @@ def db_outage(svc: Service, row: Row, seconds: float) -> None:
         row.fail(str(exc))
 
 
-def r3_restarts(svc: Service, queued: int) -> Row:
-    """R3: Redis (AOF) and the API restarted with jobs queued, then a 10 s database block: all finish."""
-    row = Row("R3", svc.shape, note="recovery = API back after the database block")
+def r3_queue_and_restart(svc: Service, queued: int) -> list[str]:
+    """R3, first half, before any worker consumes: queue jobs, then SIGKILL and restart Redis and the API."""
     assert svc.redis is not None
-    queue = f"{svc.queue}-r3"  # no worker consumes it yet: the jobs stay queued through the restarts
-    ids = [svc.submit(f"r3-{i}", {"max_steps": 60, "save_steps": 20}, queue=queue) for i in range(queued)]
+    ids = [svc.submit(f"r3-{i}", {"max_steps": 60, "save_steps": 20}) for i in range(queued)]
     time.sleep(2.0)  # the AOF is fsynced every second
     svc.redis.kill()
     svc.redis.start()
     svc.kill_api()
     svc.start_api()
-    worker = svc.start_worker(queue)
+    return ids
+
+
+def r3_finish(svc: Service, ids: list[str]) -> Row:
+    """R3, second half, once workers run: block the database 10 s while the jobs run; all must finish."""
+    row = Row("R3", svc.shape, note="recovery = API back after the database block")
     try:
         wait_for(lambda: any(job_row(svc, j).status == JobStatus.running for j in ids), 120, "an R3 job to run")
         db_outage(svc, row, 10.0)
     except TimeoutError as exc:
         row.fail(str(exc))
-    wait_terminal(svc, ids, 300 + queued * 8)
+    wait_terminal(svc, ids, 300 + len(ids) * 8)
     for job_id in ids:
         row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
         row.trials += 1
-    stop_processes([worker], 40, "R3 worker")
     return row
 
 

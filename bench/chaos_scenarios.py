@@ -84,16 +84,17 @@ def inject(svc: Service, job: Job, kind: str) -> None:
         keep_workers(svc)
 
 
-def r1_kills(svc: Service, trials: int, leases: bool) -> Row:
+def r1_kills(svc: Service, trials: int, leases: bool, first: int = 0) -> Row:
     """R1: SIGKILL the run, the slot or the worker main mid-training; the job resumes from its
-    checkpoint and succeeds once, one loss point per step. One job per worker at a time."""
+    checkpoint and succeeds once, one loss point per step. One job per worker at a time; the kinds of
+    kill take turns, starting with ``kinds[first]``."""
     row = Row("R1", svc.shape)
     kinds = ["run", "slot", "main"] + (["main-no-restart"] if leases else [])
     if not leases:
         row.note = "kill with no worker restart: blocked: needs leases"
     done = 0
     while done < trials:
-        batch = [kinds[i % len(kinds)] for i in range(done, min(trials, done + len(svc.live_workers())))]
+        batch = [kinds[(first + i) % len(kinds)] for i in range(done, min(trials, done + len(svc.live_workers())))]
         ids = [svc.submit(f"r1-{kind}", R1_TRAINING, resources={"max_restarts": 3}) for kind in batch]
         killed: dict[str, tuple[int, float]] = {}
         for kind, job_id in zip(batch, ids, strict=True):
@@ -115,6 +116,7 @@ def r1_kills(svc: Service, trials: int, leases: bool) -> Row:
         for kind, job_id in zip(batch, ids, strict=True):
             facts = job_facts(svc.observer_url, job_id)
             verdict = judge(facts, JobStatus.succeeded)
+            verdict.why = [f"{kind} kill: {why}" for why in verdict.why]
             if facts.attempts < 2:
                 verdict.wrong = True
                 verdict.why.append(f"{job_id}: the {kind} kill did not make it restart (attempts {facts.attempts})")

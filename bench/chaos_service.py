@@ -37,6 +37,7 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_SERVER = "/usr/bin/redis-server"
 API_KEY = "tj_chaos-bench-admin-key-0123456789"
 GRACE_S = 5.0
+LIVE: list[Service] = []  # every service not yet closed, for a Ctrl-C to close from the main thread
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
@@ -117,6 +118,7 @@ class Service:
 
     def __init__(self, shape: str, extra_env: dict[str, str] | None = None) -> None:
         self.shape = shape
+        LIVE.append(self)
         self.tag = uuid.uuid4().hex[:8]
         self.home = Path(tempfile.mkdtemp(prefix=f"trainjobs-chaos-{shape}-{self.tag}-"))
         (self.home / "logs").mkdir()
@@ -230,6 +232,9 @@ class Service:
 
     def close(self) -> None:
         """Stop workers (warm), the API, Redis; sweep leftovers; drop the database; remove the home."""
+        if self not in LIVE:
+            return
+        LIVE.remove(self)
         stop_processes(self.live_workers(), GRACE_S + 30, "chaos worker")
         if self.api is not None:
             stop_processes([self.api], 15, "chaos API")
