@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +24,7 @@ from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint, read_progress
+from trainer_core.checkpoint import CHECKPOINT_PREFIX, complete_checkpoints, newest_checkpoint, read_progress
 from worker.db_retry import retry_database
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
@@ -80,14 +81,7 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     paths = run_paths(job_id, settings)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    checkpoint = newest_checkpoint(paths.output_dir)
-    resume = checkpoint is not None
-    if checkpoint is not None:
-        # Whoever requeued the job (a restart, a worker's shutdown, the orphan recovery after a killed
-        # slot), its last attempt may have logged points after this checkpoint: the resumed run logs
-        # those steps anew, so they go now, once per step.
-        step = read_progress(checkpoint).global_step
-        retry_database(lambda: rewind(job_id, settings, step), f"job {job_id}: rewind metrics")
+    resume = retry_database(lambda: prepare_resume(job_id, settings, paths), f"job {job_id}: prepare resume")
     log.info("job %s: running in %s (resume=%s)", job_id, paths.output_dir, resume)
     try:
         outcome = supervise_run(
@@ -109,13 +103,29 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     return retry_database(lambda: record_outcome(job_id, settings, outcome), f"job {job_id}: outcome")
 
 
-def rewind(job_id: str, settings: Settings, checkpoint_step: int) -> None:
-    """Drop the job's metric points after ``checkpoint_step`` (see :func:`worker.restarts.rewind_metrics`)."""
+def prepare_resume(job_id: str, settings: Settings, paths: RunPaths) -> bool:
+    """Whether the run resumes from a checkpoint, made consistent with what the database holds.
+
+    Whoever requeued the job (a restart, a worker's shutdown, the recovery of a killed slot), its last
+    attempt may have got ahead of the database: a killed slot loses the events it had not yet written,
+    while its run saved checkpoints on. A checkpoint past the job's stored progress is deleted (its
+    steps would have no points), and the points after the checkpoint resumed from are dropped (the
+    resumed run logs them anew): one point per step either way.
+    """
+    if newest_checkpoint(paths.output_dir) is None:
+        return False
     with session_scope(settings.database_url) as session:
-        dropped = rewind_metrics(session, job_id, checkpoint_step)
+        stored = session.execute(select(Job.progress_step).where(Job.id == job_id)).scalar_one()
+        for ahead in complete_checkpoints(paths.output_dir):
+            if read_progress(ahead).global_step > stored:
+                log.info("job %s: %s is past the stored step %d: not resuming from it", job_id, ahead.name, stored)
+                shutil.rmtree(ahead, ignore_errors=True)
+        checkpoint = newest_checkpoint(paths.output_dir)
+        step = read_progress(checkpoint).global_step if checkpoint is not None else 0
+        dropped = rewind_metrics(session, job_id, step)
     if dropped:
-        log.info("job %s: dropped %d metric points after step %d, logged anew on resume", job_id, dropped,
-                 checkpoint_step)  # fmt: skip
+        log.info("job %s: dropped %d metric points after step %d, logged anew on resume", job_id, dropped, step)
+    return checkpoint is not None
 
 
 def claim(job_id: str, settings: Settings) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
