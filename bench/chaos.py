@@ -61,10 +61,10 @@ class Plan:
     r10: int
 
 
-# The suite's form: every scenario once where it matters most; R1's three kinds of kill split over the
-# shapes (the run and the slot on embedded, the worker main on production).
+# The suite's form: every scenario once where it matters most; R1's kinds of kill split over the shapes
+# (the run and the slot on embedded; the worker main, restarted or, with leases, not, on production).
 R1_FIRST = {"embedded": 0, "production": 2}
-SHORT = Plan(r1={"embedded": 2, "production": 1}, r2={"embedded": 1}, r3=4, r4={"embedded": 2},
+SHORT = Plan(r1={"embedded": 2, "production": 2}, r2={"embedded": 1}, r3=4, r4={"embedded": 2},
              r6={"embedded": 1, "production": 1}, r7=[5.0], r9={"embedded": (4, 2)}, r10=2)  # fmt: skip
 LONG = Plan(r1={"embedded": 5, "production": 20}, r2={"embedded": 20, "production": 20}, r3=100,
             r4={"embedded": 20, "production": 20}, r6={"embedded": 3, "production": 3}, r7=[5.0, 60.0],

@@ -21,6 +21,8 @@ from bench.chaos_scenarios import job_row, mid_training, run_pid, running_again,
 from bench.chaos_service import API_KEY, REPO, Service, pid_alive, processes_of, wait_for
 from service_core.status import ErrorReason, JobStatus
 
+SETTLE_S = 30.0  # after an outage: the outcome's backoff, a lease to expire and a sweep
+
 
 def db_outage(svc: Service, row: Row, seconds: float) -> None:
     """Cut the database for ``seconds``: every API answer meanwhile must be 503; after, 200 again."""
@@ -78,11 +80,13 @@ def r7_db_outages(svc: Service, outages: list[float]) -> Row:
         try:
             wait_for(lambda: all(job_row(svc, j).progress_step >= 3 for j in ids), 180, "R7 jobs running")  # noqa: B023
             db_outage(svc, row, seconds)
-            time.sleep(3.0)
-            for job_id in ids:
-                job = job_row(svc, job_id)
-                if job.status == JobStatus.running and not pid_alive(run_pid(svc, job_id)):
-                    row.fail(f"{job_id}: running without a process after the outage")
+            # A run that ended during the outage leaves its job `running` until the outcome is written
+            # (backoff); what must not happen is a job left so, with no process, for good.
+            try:
+                wait_for(lambda: all(not orphaned(svc, j) for j in ids), SETTLE_S, "no orphan", 0.5)  # noqa: B023
+            except TimeoutError:
+                for job_id in [j for j in ids if orphaned(svc, j)]:
+                    row.fail(f"{job_id}: running without a process {SETTLE_S:.0f} s after the outage")
         except TimeoutError as exc:
             row.fail(str(exc))
         wait_terminal(svc, ids)
@@ -90,6 +94,11 @@ def r7_db_outages(svc: Service, outages: list[float]) -> Row:
             row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
             row.trials += 1
     return row
+
+
+def orphaned(svc: Service, job_id: str) -> bool:
+    """``running`` with no live run process."""
+    return job_row(svc, job_id).status == JobStatus.running and not pid_alive(run_pid(svc, job_id))
 
 
 def listening(port: int) -> bool:
