@@ -29,14 +29,17 @@ def db_outage(svc: Service, row: Row, seconds: float) -> None:
     assert svc.proxy is not None
     svc.proxy.cut()
     answers: list[int] = []
+    unexpected = ""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         answers.append(svc.answers("/v1/jobs"))
+        if answers[-1] != 503 and not unexpected:
+            unexpected = f": {answers[-1]} {svc.last_body}"
         time.sleep(1.0)
     svc.proxy.restore()
     restored = time.monotonic()
     if not answers or any(code != 503 for code in answers):
-        row.fail(f"API answered {sorted(set(answers))} while the database was away (want only 503)")
+        row.fail(f"API answered {sorted(set(answers))} while the database was away (want only 503){unexpected}")
     try:
         wait_for(lambda: svc.answers("/v1/jobs") == 200, 60, "the API to recover after the outage", 0.5)
         row.recovered(time.monotonic() - restored)

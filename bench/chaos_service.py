@@ -128,6 +128,7 @@ class Service:
         self.api: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
         self.port = free_port()
+        self.last_body = ""  # of the last answer to `answers`, for a report of an unexpected one
         self.queue = f"chaos-{self.tag}"
         env = {"TRAINJOBS_HOME": str(self.home), "TRAINJOBS_CANCEL_GRACE_SECONDS": str(GRACE_S), **(extra_env or {})}
         observer: str | None = None
@@ -201,7 +202,9 @@ class Service:
         """The status code of ``GET path`` (0 when nothing answers)."""
         try:
             headers = {"Authorization": f"Bearer {API_KEY}"}
-            return httpx.get(f"{self.url}{path}", headers=headers, timeout=10).status_code
+            answer = httpx.get(f"{self.url}{path}", headers=headers, timeout=10)
+            self.last_body = answer.text[:300]
+            return answer.status_code
         except httpx.TransportError:
             return 0
 
