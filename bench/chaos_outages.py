@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -136,6 +137,8 @@ def r10_launcher(trials: int) -> Row:
             if dev.poll() is None:
                 dev.kill()
                 dev.wait()
+            shutil.rmtree(home, ignore_errors=True)
+            home.parent.joinpath(f"{home.name}.log").unlink(missing_ok=True)
         row.trials += 1
     return row
 
