@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -21,18 +22,18 @@ from sqlalchemy.orm import Session
 from service_core.artifacts import ArtifactStore
 from service_core.db.base import utcnow
 from service_core.db.jobstore import FencedOut, transition
-from service_core.db.models import Job
+from service_core.db.models import Job, JobEvent
 from service_core.db.session import session_scope
 from service_core.runs import RUN_LOG_NAME
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.checkpoint import CHECKPOINT_PREFIX, newest_checkpoint, read_progress
+from trainer_core.checkpoint import CHECKPOINT_PREFIX, complete_checkpoints, newest_checkpoint, read_progress
 from worker.db_retry import retry_database
 from worker.lease import LeaseKeeper
 from worker.oom_retry import retry_after_oom
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
-from worker.recovery import requeue_or_fail
+from worker.recovery import LOST_WORKER_MESSAGE, requeue_or_fail
 from worker.restarts import RESTARTABLE, max_restarts, restarts_used, rewind_metrics
 from worker.supervisor import supervise_run
 
@@ -92,7 +93,7 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     paths = run_paths(job_id, settings)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    resume = newest_checkpoint(paths.output_dir) is not None
+    resume = retry_database(lambda: prepare_resume(job_id, settings, paths, attempt), f"job {job_id}: prepare resume")
     log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
     lease = LeaseKeeper(job_id, attempt, settings).start()
     try:
@@ -128,6 +129,39 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     return retry_database(lambda: record_outcome(job_id, settings, outcome, attempt), f"job {job_id}: outcome")
 
 
+def prepare_resume(job_id: str, settings: Settings, paths: RunPaths, attempt: int | None = None) -> bool:
+    """Whether the run resumes from a checkpoint, made consistent with what the database holds.
+
+    Whoever requeued the job (a restart, a worker's shutdown, the recovery of a killed slot), its last
+    attempt may have got ahead of the database: a killed slot loses the events it had not yet written,
+    while its run saved checkpoints on. A checkpoint past the job's stored progress is deleted (its
+    steps would have no points), and the points after the checkpoint resumed from are dropped (the
+    resumed run logs them anew): one point per step either way. When the supervisor itself was lost
+    (the sweep requeued the job), even a checkpoint at the stored step is not trusted: the events of
+    that step after its progress event (its loss, its evaluation) may have died in the supervisor's
+    buffer. A supervisor that lived flushed everything before it requeued, so its checkpoints are.
+    """
+    if newest_checkpoint(paths.output_dir) is None:
+        return False
+    with session_scope(settings.database_url) as session:
+        stored = session.execute(select(Job.progress_step).where(Job.id == job_id)).scalar_one()
+        last_status = session.execute(
+            select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")
+            .order_by(JobEvent.seq.desc()).limit(1)
+        ).scalar_one_or_none() or {}
+        trusted = stored - 1 if last_status.get("message") == LOST_WORKER_MESSAGE else stored
+        for ahead in complete_checkpoints(paths.output_dir):
+            if read_progress(ahead).global_step > trusted:
+                log.info("job %s: %s is past the stored step %d: not resuming from it", job_id, ahead.name, stored)
+                shutil.rmtree(ahead, ignore_errors=True)
+        checkpoint = newest_checkpoint(paths.output_dir)
+        step = read_progress(checkpoint).global_step if checkpoint is not None else 0
+        dropped = rewind_metrics(session, job_id, step, attempt)
+    if dropped:
+        log.info("job %s: dropped %d metric points after step %d, logged anew on resume", job_id, dropped, step)
+    return checkpoint is not None
+
+
 def claim(job_id: str, settings: Settings) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
     """Claim the job; its attempt, spec and estimate, or None when this delivery is not the one to run it."""
     with session_scope(settings.database_url) as session:
@@ -160,8 +194,6 @@ def restart(
         return False
     checkpoint = newest_checkpoint(paths.output_dir)
     start = f"from {checkpoint.name}" if checkpoint is not None else "from the start (no checkpoint yet)"
-    with session_scope(settings.database_url) as session:
-        rewind_metrics(session, job_id, read_progress(checkpoint).global_step if checkpoint is not None else 0, attempt)
     message = f"{outcome.message}; restarting {start}, restart {used + 1} of {budget}"
     status = requeue_or_fail(job_id, settings, has_checkpoint=True, message=message,
                              requeue_reason=ErrorReason.worker_lost, attempt=attempt)  # fmt: skip

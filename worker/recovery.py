@@ -32,6 +32,10 @@ from worker.paths import run_paths, worker_name
 
 log = logging.getLogger(__name__)
 
+# The message of a requeue (or failure) by the sweep: the supervisor itself was lost, and with it any
+# events it had not written yet (worker.execute.prepare_resume reads it).
+LOST_WORKER_MESSAGE = "the worker running this job was lost"
+
 
 def pid_alive(pid: int | None) -> bool:
     if not pid:
@@ -133,7 +137,7 @@ def recover_orphaned_jobs(settings: Settings, *, host: str | None = None) -> dic
         # Still expired at the UPDATE: a slot that renewed since we looked keeps its job.
         still_lost = (or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now, Job.worker == host),)
         results[job_id] = requeue_or_fail(
-            job_id, settings, has_checkpoint=has_checkpoint, message="the worker running this job was lost",
-            attempt=attempt, conditions=still_lost,
+            job_id, settings, has_checkpoint=has_checkpoint, message=LOST_WORKER_MESSAGE,
+            requeue_reason=ErrorReason.worker_lost, attempt=attempt, conditions=still_lost,
         )  # fmt: skip
     return results

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import OperationalError
 
-from service_core.db import Base, JobEvent, MetricPoint
+from service_core.db import Base, Job, JobEvent, MetricPoint
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason
@@ -81,6 +81,32 @@ def test_a_killed_run_resumes_from_its_checkpoint_until_its_restarts_are_spent(
     job = load_job(sqlite_settings, spent)
     assert (result["status"], job.status, job.error_reason) == ("failed", "failed", ErrorReason.worker_lost)
     assert "no restarts left: resources.max_restarts is 0" in (job.error_message or "")
+
+
+@pytest.mark.slow
+def test_a_resume_matches_the_database_one_loss_point_per_step(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    # Found by the chaos bench (R1, a SIGKILLed slot): the slot died with events it had not written
+    # while its run saved a checkpoint on, and the orphan recovery requeued the job without the restart
+    # path's rewind: the resumed run logged some steps twice and others not at all.
+    spec = quick_spec(sentiment_files, max_steps=4, save_steps=2, eval_strategy="no")
+    job_id = make_job(sqlite_settings, spec)
+    assert execute_job(job_id, sqlite_settings) == "succeeded"  # leaves checkpoint-2 and checkpoint-4
+    # That attempt, lost at step 4: the database holds steps 1..3 (3 is past checkpoint-2), not 4.
+    with session_scope(sqlite_settings.database_url) as session:
+        session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.step == 4))
+        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
+        job.status, job.progress_step = "queued", 3
+        job.spec = {**spec, "training": {**spec["training"], "max_steps": 6}}
+
+    assert execute_job(job_id, sqlite_settings) == "succeeded"  # from checkpoint-2, not checkpoint-4
+    with session_scope(sqlite_settings.database_url) as session:
+        steps = session.execute(
+            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
+            .order_by(MetricPoint.seq)
+        ).scalars().all()
+    assert sorted(steps) == list(range(1, 7))  # one point per step: none twice, none missing
 
 
 @pytest.fixture

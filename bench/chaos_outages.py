@@ -1,0 +1,197 @@
+"""Chaos scenarios on the infrastructure: Redis, API and database restarts or outages (R3, R7), the
+launcher killed (R10), and a frozen slot that wakes up stale (R6, R8: these need leases and fencing)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.bench_api import free_port, service_env
+from bench.chaos_checks import Row, job_facts, judge
+from bench.chaos_scenarios import job_row, mid_training, run_pid, running_again, wait_terminal
+from bench.chaos_service import API_KEY, REPO, Service, pid_alive, processes_of, wait_for
+from service_core.status import ErrorReason, JobStatus
+
+SETTLE_S = 30.0  # after an outage: the outcome's backoff, a lease to expire and a sweep
+
+
+def db_outage(svc: Service, row: Row, seconds: float) -> None:
+    """Cut the database for ``seconds``: every API answer meanwhile must be 503; after, 200 again."""
+    assert svc.proxy is not None
+    svc.proxy.cut()
+    answers: list[int] = []
+    unexpected = ""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        answers.append(svc.answers("/v1/jobs"))
+        if answers[-1] != 503 and not unexpected:
+            unexpected = f": {answers[-1]} {svc.last_body}"
+        time.sleep(1.0)
+    svc.proxy.restore()
+    restored = time.monotonic()
+    if not answers or any(code != 503 for code in answers):
+        row.fail(f"API answered {sorted(set(answers))} while the database was away (want only 503){unexpected}")
+    try:
+        wait_for(lambda: svc.answers("/v1/jobs") == 200, 60, "the API to recover after the outage", 0.5)
+        row.recovered(time.monotonic() - restored)
+    except TimeoutError as exc:
+        row.fail(str(exc))
+
+
+def r3_queue_and_restart(svc: Service, queued: int) -> list[str]:
+    """R3, first half, before any worker consumes: queue jobs, then SIGKILL and restart Redis and the API."""
+    assert svc.redis is not None
+    ids = [svc.submit(f"r3-{i}", {"max_steps": 60, "save_steps": 20}) for i in range(queued)]
+    time.sleep(2.0)  # the AOF is fsynced every second
+    svc.redis.kill()
+    svc.redis.start()
+    svc.kill_api()
+    svc.start_api()
+    return ids
+
+
+def r3_finish(svc: Service, ids: list[str]) -> Row:
+    """R3, second half, once workers run: block the database 10 s while the jobs run; all must finish."""
+    row = Row("R3", svc.shape, note="recovery = API back after the database block")
+    try:
+        wait_for(lambda: any(job_row(svc, j).status == JobStatus.running for j in ids), 120, "an R3 job to run")
+        db_outage(svc, row, 10.0)
+    except TimeoutError as exc:
+        row.fail(str(exc))
+    wait_terminal(svc, ids, 300 + len(ids) * 8)
+    for job_id in ids:
+        row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
+        row.trials += 1
+    return row
+
+
+def r7_db_outages(svc: Service, outages: list[float]) -> Row:
+    """R7: the database away for each of ``outages`` seconds during runs: runs go on or resume, the API
+    says 503 meanwhile, and nothing is ``running`` without a process afterwards."""
+    row = Row("R7", svc.shape, note="outages " + "/".join(f"{s:.0f}" for s in outages) + " s")
+    for seconds in outages:
+        ids = [svc.submit("r7", {"max_steps": 400, "save_steps": 50}) for _ in range(len(svc.live_workers()))]
+        try:
+            wait_for(lambda: all(job_row(svc, j).progress_step >= 3 for j in ids), 180, "R7 jobs running")  # noqa: B023
+            db_outage(svc, row, seconds)
+            # A run that ended during the outage leaves its job `running` until the outcome is written
+            # (backoff); what must not happen is a job left so, with no process, for good.
+            try:
+                wait_for(lambda: all(not orphaned(svc, j) for j in ids), SETTLE_S, "no orphan", 0.5)  # noqa: B023
+            except TimeoutError:
+                for job_id in [j for j in ids if orphaned(svc, j)]:
+                    row.fail(f"{job_id}: running without a process {SETTLE_S:.0f} s after the outage")
+        except TimeoutError as exc:
+            row.fail(str(exc))
+        wait_terminal(svc, ids)
+        for job_id in ids:
+            row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
+            row.trials += 1
+    return row
+
+
+def orphaned(svc: Service, job_id: str) -> bool:
+    """``running`` with no live run process."""
+    return job_row(svc, job_id).status == JobStatus.running and not pid_alive(run_pid(svc, job_id))
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def r10_launcher(trials: int) -> Row:
+    """R10: SIGKILL or SIGHUP ``trainjobs dev``: nothing of it is left running or listening."""
+    row = Row("R10", "embedded", note="recovery = signal to nothing left")
+    for trial in range(trials):
+        sig = (signal.SIGKILL, signal.SIGHUP)[trial % 2]
+        home = Path(tempfile.mkdtemp(prefix="trainjobs-chaos-dev-"))
+        port = free_port()
+        env = service_env({"TRAINJOBS_HOME": str(home), "TRAINJOBS_CANCEL_GRACE_SECONDS": "5"})
+        env["TRAINJOBS_API_KEY"] = API_KEY
+        with (home.parent / f"{home.name}.log").open("ab") as log:
+            dev = subprocess.Popen([sys.executable, "-m", "trainjobs.cli", "dev", "--port", str(port)], cwd=REPO,
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            wait_for(lambda: dev.poll() is not None or _ready(port), 180, "trainjobs dev to come up", 0.5)  # noqa: B023
+            dev.send_signal(sig)  # the launcher only: its children live in sessions of their own
+            sent = time.monotonic()
+            dev.wait(60)
+            wait_for(lambda: not processes_of(home) and not listening(port), 90, f"{sig.name}: nothing left")  # noqa: B023
+            row.recovered(time.monotonic() - sent)
+        except (TimeoutError, subprocess.TimeoutExpired) as exc:
+            row.fail(f"{sig.name}: {exc}; left: {processes_of(home)}")
+        finally:
+            for pid in processes_of(home):
+                os.kill(pid, signal.SIGKILL)
+            if dev.poll() is None:
+                dev.kill()
+                dev.wait()
+            shutil.rmtree(home, ignore_errors=True)
+            home.parent.joinpath(f"{home.name}.log").unlink(missing_ok=True)
+        row.trials += 1
+    return row
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def stale_write(svc: Service, job_id: str, attempt: int) -> bool:
+    """A terminal write from attempt ``attempt`` (a stale worker); True when the job's status moved."""
+    from worker.execute import record_outcome
+    from worker.outcome import RunOutcome
+
+    before = job_facts(svc.observer_url, job_id)
+    outcome = RunOutcome(JobStatus.failed, ErrorReason.internal, "chaos bench: a stale worker's outcome")
+    if "attempt" in inspect.signature(record_outcome).parameters:
+        record_outcome(job_id, svc.settings, outcome, attempt=attempt)  # type: ignore[call-arg,unused-ignore]
+    else:
+        record_outcome(job_id, svc.settings, outcome)
+    after = job_facts(svc.observer_url, job_id)
+    return (after.status, len(after.statuses)) != (before.status, len(before.statuses))
+
+
+def r6_r8_stale_slot(svc: Service, trials: int) -> tuple[Row, Row]:
+    """R6: SIGSTOP a slot past its lease, SIGCONT once its job runs elsewhere: the stale slot's writes
+    are refused, one final status, nothing after it. R8: a stale attempt's terminal writes, while the
+    new attempt runs and after it ended, are refused."""
+    r6, r8 = Row("R6", svc.shape), Row("R8", svc.shape)
+    for _ in range(trials):
+        job_id = svc.submit("r6", {"max_steps": 600, "save_steps": 20}, resources={"max_restarts": 3})
+        try:
+            job = wait_for(lambda: mid_training(svc, job_id, 22), 180, "R6 mid-training")  # noqa: B023
+            slot = int(job.pid or 0)
+            os.kill(slot, signal.SIGSTOP)
+            frozen = time.monotonic()
+            try:
+                wait_for(lambda: running_again(svc, job_id, job.attempts), 240, "R6: the job to run elsewhere")  # noqa: B023
+                r6.recovered(time.monotonic() - frozen)
+                for _ in range(2):  # "write a terminal status twice"
+                    if job_row(svc, job_id).status == JobStatus.running and stale_write(svc, job_id, job.attempts):
+                        r8.fail(f"{job_id}: a stale attempt's terminal write was accepted while attempt 2 ran")
+                    r8.trials += 1
+            finally:
+                os.kill(slot, signal.SIGCONT)
+        except TimeoutError as exc:
+            r6.fail(str(exc))
+        wait_terminal(svc, [job_id])
+        r6.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
+        if stale_write(svc, job_id, 1):
+            r8.fail(f"{job_id}: a stale terminal write changed a finished job")
+        r6.trials += 1
+        r8.trials += 1
+    return r6, r8
