@@ -10,6 +10,7 @@ Every error answer of the API becomes an :class:`ApiError` carrying its problem+
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import logging
@@ -257,6 +258,68 @@ class Client:
             down_since = down_since or time.monotonic()
             if time.monotonic() - down_since > self.retry_max_s:
                 raise ConnectionFailed(f"lost the event stream of job {job_id} at {self.base_url}")
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # the run's own output (its stderr and stray stdout lines)
+    def log_page(self, job_id: str, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """One page of the run's log from byte ``offset``: ``text``, ``next_offset`` and ``complete``."""
+        params: dict[str, Any] = {"offset": offset}
+        if limit is not None:
+            params["limit"] = limit
+        result: dict[str, Any] = self._json("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        return result
+
+    def log_text(self, job_id: str, offset: int = 0, limit: int | None = None) -> Iterator[str]:
+        """The run's log as it is now, page after page from ``offset``, until ``complete`` or no more text."""
+        while True:
+            page = self.log_page(job_id, offset, limit)
+            if page["text"]:
+                yield page["text"]
+            next_offset = int(page["next_offset"])
+            if page["complete"] or next_offset == offset:
+                return
+            offset = next_offset
+
+    def follow_log(self, job_id: str, offset: int = 0) -> Iterator[str]:
+        """The run's log from ``offset`` as it is written, until the job has ended and all of it is sent.
+
+        A dropped connection is resumed from the last byte received (the route's offsets are bytes),
+        so nothing repeats; gives up with ConnectionFailed after ``retry_max_s`` without progress.
+        """
+        delay, down_since = 0.25, None
+        # One decoder across reconnections: a character cut by a drop is completed by the resumed bytes.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            params: dict[str, Any] = {"offset": offset, "follow": "true"}
+            try:
+                timeout = httpx.Timeout(10.0, read=STALL_TIMEOUT_S)
+                with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=timeout) as resp:
+                    if resp.status_code >= 400 and resp.status_code not in (502, 503, 504):
+                        resp.read()
+                        raise ApiError.from_response(resp)
+                    if resp.status_code < 400:
+                        for chunk in resp.iter_bytes():
+                            delay, down_since = 0.25, None
+                            offset += len(chunk)
+                            text = decoder.decode(chunk)
+                            if text:
+                                yield text
+                        # The server ends the stream once the job has ended; a restarting API may end it sooner.
+                        if self.get(job_id)["status"] in TERMINAL:
+                            tail = decoder.decode(b"", final=True)
+                            if tail:
+                                yield tail
+                            return
+            except httpx.ReadTimeout:
+                # A quiet run (queued, or training without output) is not a dead service: ask again.
+                delay, down_since = 0.25, None
+                continue
+            except httpx.TransportError as exc:
+                log.debug("log stream of %s dropped: %s", job_id, exc)
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since > self.retry_max_s:
+                raise ConnectionFailed(f"lost the log stream of job {job_id} at {self.base_url}")
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+from service_core.status import exit_code
+from trainjobs.client import Client
 from trainjobs.commands.connection import client_for, connection_options, readable_errors
 from trainjobs.commands.download import add_download_parser
 
@@ -60,11 +62,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_output(client: Client, job_id: str, follow: bool) -> int:
+    """The run's combined stdout/stderr on stdout; following, until the job ends, with its exit status."""
+    chunks = client.follow_log(job_id) if follow else client.log_text(job_id)
+    for text in chunks:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return exit_code(str(client.get(job_id)["status"])) if follow else 0
+
+
 @readable_errors
 def cmd_logs(args: argparse.Namespace) -> int:
     from trainjobs.follow import describe, follow
 
     with client_for(args) as client:
+        if args.output:
+            return print_output(client, args.id, args.follow)
         if args.follow:
             return follow(client, args.id)
         # Without --follow: what the job said so far (the replay), then stop.
@@ -113,9 +126,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action = jobs_sub.add_parser(name, parents=[conn], help=text)
         action.add_argument("id")
         action.set_defaults(func=func)
-    logs = jobs_sub.add_parser("logs", parents=[conn], help="a job's events (status, progress, metrics, logs)")
+    logs = jobs_sub.add_parser("logs", parents=[conn], help="a job's events, or with --output the run's own output")
     logs.add_argument("id")
-    logs.add_argument("--follow", "-f", action="store_true", help="live progress bar until the job ends")
+    logs.add_argument("--follow", "-f", action="store_true", help="live progress bar (or output) until the job ends")
+    logs.add_argument(
+        "--output", action="store_true", help="the run process's own stdout/stderr instead of the event view"
+    )
     logs.set_defaults(func=cmd_logs)
 
     add_download_parser(jobs_sub, conn)
