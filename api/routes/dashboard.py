@@ -1,7 +1,7 @@
 """Pages for people: the dashboard (``/dashboard``) and the API docs (``/docs``, ``/redoc``).
 
-Everything these pages load comes from ``api/static`` (vendored Swagger UI, ReDoc and uPlot with
-their licences, see ``api/static/vendor/README.md``), never from a CDN: GPU clusters are often
+Everything these pages load comes from ``api/static`` (vendored Swagger UI, ReDoc, uPlot and js-yaml
+with their licences, see ``api/static/vendor/README.md``), never from a CDN: GPU clusters are often
 air-gapped, and a docs page that needs the internet is blank there. The pages hold no secrets; the
 dashboard calls the same public ``/v1`` routes as every other client with the key the user types.
 """

@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
@@ -38,6 +38,9 @@ POLL_INTERVAL_S = 0.1
 HEARTBEAT_S = 15.0
 BATCH = 500
 TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
+# What an event row's kind can be: the run's own (trainer_core/events.py), the status moves, and the
+# worker's out-of-memory retry records.
+StoredKind = Literal["status", "retry", "progress", "metric", "eval", "memory", "log", "done"]
 
 
 def format_event(row: JobEvent) -> str:
@@ -49,38 +52,40 @@ def is_terminal_status(row: JobEvent) -> bool:
     return row.kind == "status" and row.data.get("status") in TERMINAL
 
 
-def fetch_after(maker: sessionmaker[Session], job_id: str, after: int) -> tuple[list[JobEvent], bool]:
-    """Rows after ``after`` and whether the job was terminal *before* they were read.
+def fetch_after(
+    maker: sessionmaker[Session], job_id: str, after: int, kinds: frozenset[str] = frozenset()
+) -> tuple[list[JobEvent], bool]:
+    """Rows after ``after`` (of ``kinds`` only, when given) and whether the job was terminal *before*
+    they were read.
 
     Reading the status first matters: the terminal status and its event commit together, so a
     terminal status seen here guarantees its event is among (or before) the rows read next.
     """
     with maker() as session:
         status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
-        rows = (
-            session.execute(
-                select(JobEvent)
-                .where(JobEvent.job_id == job_id, JobEvent.seq > after)
-                .order_by(JobEvent.seq)
-                .limit(BATCH)
-            )
-            .scalars()
-            .all()
-        )
+        query = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+        if kinds:
+            query = query.where(JobEvent.kind.in_(kinds))
+        rows = session.execute(query.order_by(JobEvent.seq).limit(BATCH)).scalars().all()
         return list(rows), JobStatus(status).terminal
 
 
 async def event_stream(
-    maker: sessionmaker[Session], job_id: str, after: int, limiter: anyio.CapacityLimiter | None = None
+    maker: sessionmaker[Session],
+    job_id: str,
+    after: int,
+    limiter: anyio.CapacityLimiter | None = None,
+    kinds: frozenset[str] = frozenset(),
 ) -> AsyncGenerator[str, None]:
-    """SSE text for the job's rows after ``after``, ending after its terminal status event.
+    """SSE text for the job's rows after ``after`` (of ``kinds`` only, when given), ending after its
+    terminal status event.
 
     Polls run on ``limiter``'s threads (the app's stream threads). A client that goes away is
     noticed by the server when a write fails (data or the heartbeat).
     """
     last_sent = time.monotonic()
     while True:
-        rows, was_terminal = await anyio.to_thread.run_sync(fetch_after, maker, job_id, after, limiter=limiter)
+        rows, was_terminal = await anyio.to_thread.run_sync(fetch_after, maker, job_id, after, kinds, limiter=limiter)
         for row in rows:
             yield format_event(row)
             after = row.seq
@@ -125,11 +130,16 @@ async def job_events(
     after: Annotated[
         int | None, Query(ge=0, description="Replay events with seq > after (like Last-Event-ID).")
     ] = None,
+    kind: Annotated[
+        list[StoredKind] | None,
+        Query(description="Only events of these kinds (repeat it for several), e.g. `status` for the attempts."),
+    ] = None,
 ) -> StreamingResponse:
     """Replay events after ``Last-Event-ID`` / ``after``, then stream new ones until the job ends."""
     start = parse_after(last_event_id, after)
     slots: StreamSlots = request.app.state.stream_slots
     slot = slots.take(caller.owner)
-    stream = event_stream(get_sessionmaker_for(request), job.id, start, request.app.state.stream_limiter)
+    kinds = frozenset(kind or ())
+    stream = event_stream(get_sessionmaker_for(request), job.id, start, request.app.state.stream_limiter, kinds)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return SlotStreamingResponse(stream, slot, media_type="text/event-stream", headers=headers)

@@ -181,3 +181,15 @@ def test_idle_stream_sends_heartbeats(app: FastAPI, session: Session, monkeypatc
         return chunks
 
     assert asyncio.run(first_chunks()) == [": ping\n\n", ": ping\n\n"]
+
+
+def test_kind_filter_replays_only_those_kinds_and_still_ends(client: TestClient, keys: Keys, session: Session) -> None:
+    job = add_job(session, "alice")
+    run_job(session, job, metrics=3)
+    auth = keys.auth(keys.alice)
+    events = parse_sse(client.get(f"/v1/jobs/{job.id}/events?kind=status", headers=auth).text)
+    assert [(e["id"], e["data"]["status"]) for e in events] == [(1, "running"), (8, "succeeded")]
+    both = parse_sse(client.get(f"/v1/jobs/{job.id}/events?kind=status&kind=metric", headers=auth).text)
+    assert [e["event"] for e in both] == ["status", "metric", "metric", "metric", "status"]
+    bad = client.get(f"/v1/jobs/{job.id}/events?kind=nonsense", headers=auth)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "kind.0"

@@ -25,11 +25,13 @@ from playwright import sync_api as playwright_sync
 
 from tests.trainjobs.live import REPO, trainjobs_argv
 from tests.worker.live import free_port
+from trainer_core.oom_retry import FAULT_OOM_ENV
 from trainjobs.client import Client
 
 CHROMIUM = os.environ.get("TRAINJOBS_CHROMIUM", "/usr/bin/chromium")
 KEY = "tj_ui-test-admin-key"
 SCREENSHOTS = REPO / "out" / "screenshots"
+OOM_ABOVE = 16  # micro-batch size above which the dev service's runs fail with out of memory
 
 
 @dataclass
@@ -57,6 +59,9 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevService]:
                                                                      "DATA_ROOT", "TRAINJOBS_ENV"))}  # fmt: skip
     env.update(TRAINJOBS_HOME=str(home), TRAINJOBS_API_KEY=KEY, TRAINJOBS_CANCEL_GRACE_SECONDS="5",
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")  # fmt: skip
+    # Testing aid (trainer_core/oom_retry.py): a micro-batch above OOM_ABOVE "runs out of memory", so a
+    # job asking for more gets a real out-of-memory retry; the other tests' jobs stay at or below it.
+    env[FAULT_OOM_ENV] = str(OOM_ABOVE)
     log_path = home.parent / "dev.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(trainjobs_argv(["dev", "--example", "--port", str(port)]), cwd=home.parent,

@@ -1,5 +1,5 @@
 """The dashboard in headless Chromium against a live ``trainjobs dev``: log in, the list, a running
-job's live charts, memory bar and logs, cancel, a failed job's reason, the submit page's estimate
+job's live charts, memory bar and logs, cancel, a failed job's reason and attempts, the submit page's estimate
 and suggestions, compare. The tests run in file order and share one service (one worker slot runs
 the jobs one after another); every page also fails on console errors and requests off 127.0.0.1.
 """
@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from playwright.sync_api import Page, expect
 
 from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
-from tests.ui.conftest import DevService, Watch, log_in, wait_for_job
+from tests.ui.conftest import OOM_ABOVE, DevService, Watch, log_in, wait_for_job
 
 pytestmark = pytest.mark.slow
 Shot = Callable[..., Path]
@@ -99,26 +100,49 @@ def test_cancel_with_confirm_stops_the_running_job_and_logs_show_its_output(
     shot(page, "04-job-logs")
 
 
-def test_a_failed_job_shows_its_reason_and_whole_message(
+def test_a_failed_job_shows_its_reason_whole_message_and_attempts(
     page: Page, dev: DevService, files: dict[str, str], jobs: dict[str, str], shot: Shot
 ) -> None:
-    spec = tiny(files, "wrong-column", epochs=1)
-    spec["dataset"]["label_column"] = "stars"  # not in the CSV: the run fails while preparing the data
+    # Two real failures in one short job: its micro-batch is above the service's out-of-memory fault
+    # (conftest), so the first attempt is retried with half of it; lr 10 with decoupled weight decay
+    # 10 then multiplies every weight by -99 per step, and the run stops with nan_loss.
+    training = {"max_steps": 40, "logging_steps": 1, "learning_rate": 10.0, "weight_decay": 10.0,
+                "max_grad_norm": 0.0, "per_device_train_batch_size": 2 * OOM_ABOVE, "eval_strategy": "no"}  # fmt: skip
+    spec = tiny_text_spec(files, name="diverging", training=training, preprocessing={"max_length": 32})
     jobs["failed"] = dev.client().submit(spec)["id"]
-    failed = wait_for_job(dev.client(), jobs["failed"], lambda j: j["finished_at"] is not None, timeout=120)
-    assert failed["status"] == "failed"
+    failed = wait_for_job(dev.client(), jobs["failed"], lambda j: j["finished_at"] is not None, timeout=180)
+    assert failed["status"] == "failed" and failed["error"]["reason"] == "nan_loss", failed["error"]
+    assert "training.learning_rate" in failed["error"]["message"]
+    assert failed["attempts"] == 2 and len(failed["retries"]) == 1
+    retry = failed["retries"][0]
     # Switching from a job with charts to this one leaves none of the previous job's charts behind.
     log_in(page, dev, f"#/jobs/{jobs['long']}")
     page.wait_for_selector("[data-chart=loss]")
     page.evaluate(f"location.hash = '#/jobs/{jobs['failed']}'")
-    expect(page.locator("[data-failure] code")).to_have_text(failed["error"]["reason"])
+    expect(page.locator("[data-failure] code")).to_have_text("nan_loss")
     expect(page.locator("[data-failure] pre.message")).to_have_text(failed["error"]["message"])
-    expect(page.locator("[data-no-metrics]")).to_be_visible()
-    assert page.locator("[data-chart]").count() == 0
+    # This job's own loss chart, not the previous job's: its finite points (the last ones were NaN).
+    losses = [p["value"] for p in dev.client().metrics(jobs["failed"], name="loss")]
+    finite = [v for v in losses if v is not None]
+    assert losses[-3:] == [None, None, None] and finite
+    expect(page.locator("[data-chart=loss]")).to_have_attribute("data-points", str(len(finite)))
     # The whole message is readable: wrapped inside the panel, not cut off at its edge.
     widths = page.eval_on_selector("[data-failure] pre.message", "e => [e.scrollWidth, e.clientWidth]")
     assert widths[0] <= widths[1]
     assert page.locator(".job-header .badge").inner_text() == "failed"
+    # Attempts: the first ended in an out-of-memory retry (its message and the changes applied), the
+    # second in the failure.
+    expect(page.locator("[data-attempts]")).to_have_attribute("data-attempts", "2")
+    first, second = page.locator("tr[data-attempt='1']"), page.locator("tr[data-attempt='2']")
+    expect(first).to_have_attribute("data-reason", "out_of_memory")
+    expect(first.locator(".badge")).to_have_text("requeued")
+    expect(first.locator("pre.message")).to_have_text(retry["message"])
+    for field, value in retry["changes"].items():
+        expect(first.locator(".changes")).to_contain_text(f"{field} → {value}")
+    assert retry["changes"]["training.per_device_train_batch_size"] == OOM_ABOVE
+    expect(second).to_have_attribute("data-outcome", "failed")
+    expect(second.locator("code")).to_have_text("nan_loss")
+    expect(second.locator("pre.message")).to_have_text(failed["error"]["message"])
     shot(page, "05-job-failed")
 
 
@@ -127,7 +151,10 @@ def test_submit_page_estimates_suggests_and_submits(
 ) -> None:
     log_in(page, dev, f"#/submit/{jobs['long']}")  # clone: the editor starts from that job's spec
     editor = page.locator("textarea[name=spec]")
-    assert json.loads(editor.input_value())["name"] == "long-run-clone"
+    cloned = json.loads(editor.input_value())
+    assert cloned["name"] == "long-run-clone"
+    page.click("button[name=as-yaml]")  # the same spec, shown as YAML
+    assert not editor.input_value().lstrip().startswith("{") and yaml.safe_load(editor.input_value()) == cloned
     page.select_option("select[name=gpu]", "4")
     too_big = {
         "name": "bert-large", "task": "text-classification", "model": {"name_or_path": "bert-large-uncased"},
@@ -152,9 +179,17 @@ def test_submit_page_estimates_suggests_and_submits(
     expect(page.locator("[data-field-errors]")).to_contain_text("training.learning_rate", timeout=60_000)
     line = json.dumps(bad, indent=2).splitlines().index('    "learning_rate": -1,') + 1
     expect(page.locator("pre.gutter span.bad")).to_have_text(str(line))
+    # The same in YAML: its own line is marked (a different one, so the mark is not the JSON's).
+    bad_yaml = yaml.safe_dump(bad, sort_keys=False)
+    yaml_line = bad_yaml.splitlines().index("  learning_rate: -1") + 1
+    assert yaml_line != line
+    editor.fill(bad_yaml)
+    expect(page.locator("pre.gutter span.bad")).to_have_text(str(yaml_line), timeout=60_000)
+    expect(page.locator("[data-field-errors]")).to_contain_text(f"training.learning_rate line {yaml_line}")
 
+    # The fitting spec goes in as YAML.
     fitting = tiny(files, "from-the-dashboard", epochs=2)
-    editor.fill(json.dumps(fitting, indent=2))
+    editor.fill(yaml.safe_dump(fitting, sort_keys=False))
     expected = dev.client().estimate(fitting, gpu_memory_gb=4)["estimate"]
     assert expected["fits"] is True
     # The verdict shown is this spec's (not the one before the edit): same total as the API's.

@@ -45,7 +45,8 @@ export function createChart(host, { title, labels, smoothing = 0, log = false, n
       width: Math.max(240, plotHost.clientWidth || 480), height: 220, series,
       scales: { x: { time: false }, y: { distr: view.log ? 3 : 1 } },
       // uPlot picks tick decimals from the tick spacing: 0.6931 and 0.6932 stay apart.
-      axes: [{ label: "step", size: 36 }, { size: 64 }],
+      // The y axis as wide as its longest tick label, so a diverging loss's 9,000,000 is not clipped.
+      axes: [{ label: "step", size: 36 }, { size: (u, values) => Math.max(48, 16 + 7 * Math.max(0, ...(values || []).map((v) => String(v).length))) }],
       legend: { live: true }, cursor: { drag: { x: true, y: false } },
     };
   }

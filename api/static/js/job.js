@@ -1,7 +1,9 @@
-// The job page: header with cancel, failure panel, progress, live charts, memory, spec, artifacts, logs.
+// The job page: header with cancel, failure panel, progress, memory, attempts, live charts, spec,
+// artifacts, logs.
 // Everything it starts (timers, fetches, charts) hangs off one AbortController, so leaving the page
 // or switching to another job drops all of the previous job's state.
 import { isFinished, request } from "./api.js";
+import { attemptsPanel, followStatusEvents } from "./attempts.js";
 import { createChart } from "./charts.js";
 import { appendNew, chartOrder, loadSeries } from "./metrics.js";
 import { artifactsPanel, logsPanel, memoryPanel, specPanel } from "./panels.js";
@@ -58,12 +60,13 @@ export async function mountJob(root, id, signal) {
   const header = el("div.job-header");
   const failure = el("div");
   const overview = el("div.grid2");
+  const attempts = el("div");
   const controls = el("div.chart-controls");
   const charts = el("div.charts");
   const tabs = { charts: el("div", {}, controls, charts), logs: el("div"), spec: el("div"), artifacts: el("div") };
   const tabBar = el("nav.tabs");
   const body = el("div.tab-body");
-  root.replaceChildren(header, failure, overview, tabBar, body);
+  root.replaceChildren(header, failure, overview, attempts, tabBar, body);
 
   let active = location.hash.split("/")[3] || "charts";
   const started = new Set();
@@ -102,7 +105,11 @@ export async function mountJob(root, id, signal) {
       latest.length ? el("div.card", {}, el("h3", {}, job.final_metrics ? "Final metrics" : "Latest metrics"),
         el("dl.facts", {}, latest.map(([k, v]) => [el("dt", {}, k), el("dd", {}, num(v))]))) : null].filter(Boolean));
     tabs.spec.replaceChildren(specPanel(job));
+    attempts.replaceChildren(attemptsPanel(statusEvents, job.retries));
   }
+  // Status events stream in for as long as the job runs (the stream ends after its final status).
+  const statusEvents = [];
+  followStatusEvents(id, signal, (event) => { statusEvents.push(event); renderBody(); }).catch(() => {});
 
   // Charts: thinned history first, then new points appended every poll.
   const view = { smoothing: 0.6, log: false };

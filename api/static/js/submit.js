@@ -1,5 +1,6 @@
-// The submit page: edit a JSON spec (from the docs' example or a cloned job), see the memory estimate
-// against a GPU size as you type, apply one of the planner's suggestions, upload a dataset, submit.
+// The submit page: edit a JSON or YAML spec (from the docs' example or a cloned job), see the memory
+// estimate against a GPU size as you type, apply one of the planner's suggestions, upload a dataset,
+// submit. YAML goes through the vendored js-yaml (api/static/vendor/js-yaml/), loaded by this page only.
 import { ApiError, exampleJob, readingOrder, request } from "./api.js";
 import { stackedBar } from "./panels.js";
 import { bytes, debounce, el, setPath } from "./util.js";
@@ -7,19 +8,43 @@ import { bytes, debounce, el, setPath } from "./util.js";
 const GPU_SIZES = [4, 8, 12, 16, 24, 40, 48, 80];
 const NOT_SPEC = ["priority", "queue"];  // JobCreate's own fields: not part of the spec the estimator takes
 
-/** The 1-based line of the text where `field` ("training.learning_rate") is most likely written. */
+/** The 1-based line of the text (JSON or YAML) where `field` ("training.learning_rate") is most likely written. */
 export function lineOf(text, field) {
   const parts = (field || "").split(".").filter((p) => !/^\d+$/.test(p));
-  let from = 0;
+  let from = -1;
   for (const part of parts) {
-    const at = text.indexOf(`"${part}"`, from);
-    if (at < 0) break;
-    from = at;
+    const name = part.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    // A JSON key ("part") or a YAML one (part: at the start of a line), the first after the parent's.
+    const key = new RegExp(`"${name}"|^[ \\t-]*${name}\\s*:`, "gm");
+    key.lastIndex = Math.max(from, 0);
+    const found = key.exec(text);
+    if (!found) break;
+    from = found.index + found[0].search(/\S/);
   }
-  return from ? text.slice(0, from).split("\n").length : null;
+  return from >= 0 ? text.slice(0, from).split("\n").length : null;
+}
+
+let yamlLib = null;
+/** The vendored js-yaml (its UMD build sets `window.jsyaml`), loaded once, on first use. */
+function loadYaml() {
+  yamlLib ||= new Promise((resolve, reject) => {
+    document.head.append(el("script", { src: "/static/vendor/js-yaml/js-yaml.min.js",
+      onload: () => resolve(window.jsyaml), onerror: () => reject(new Error("could not load the YAML parser")) }));
+  });
+  return yamlLib;
+}
+
+/** JSON when the text is a JSON object, else YAML (JSON is read by JSON.parse for its messages). */
+export function isJsonText(text) { return text.trimStart().startsWith("{"); }
+
+/** `spec` as text in the editor's format: JSON, or YAML in reading order with no line folding. */
+function formatSpec(spec, asYaml, yaml) {
+  return asYaml ? yaml.dump(spec, { lineWidth: -1, noRefs: true, sortKeys: false }) : JSON.stringify(spec, null, 2);
 }
 
 export async function mountSubmit(root, cloneId, signal) {
+  const yamlLoad = loadYaml();
+  yamlLoad.catch(() => {});  // awaited below
   let start;
   if (cloneId) {
     const job = await request(`/v1/jobs/${cloneId}`, { signal });
@@ -27,8 +52,19 @@ export async function mountSubmit(root, cloneId, signal) {
   } else {
     start = await exampleJob();
   }
+  const yaml = await yamlLoad;
   const editor = el("textarea.editor", { spellcheck: false, name: "spec", rows: 30, wrap: "off" });
   editor.value = JSON.stringify(start, null, 2);
+  // Show the same spec in the other format (a parse error stays in the Problems list).
+  const format = (asYaml) => () => {
+    const spec = parsed();
+    if (!spec) return;
+    editor.value = formatSpec(spec, asYaml, yaml);
+    drawGutter();
+    check();
+  };
+  const formats = el("span.formats", {}, el("button", { name: "as-json", onclick: format(false) }, "JSON"),
+    el("button", { name: "as-yaml", onclick: format(true) }, "YAML"));
   // Line numbers beside the text, with the lines a problem names marked: the error next to its field.
   const gutter = el("pre.gutter", { ariaHidden: "true" });
   let marked = new Map();
@@ -48,10 +84,13 @@ export async function mountSubmit(root, cloneId, signal) {
   const suggestions = el("ol.suggestions", { dataset: { suggestions: "" } });
   const submitNote = el("span.muted");
   const submit = el("button.primary", { onclick: () => send() }, "Submit job");
-  const upload = uploadBox(editor, () => check());
+  const upload = uploadBox(editor, () => parsed(), (spec) => {
+    editor.value = formatSpec(spec, !isJsonText(editor.value), yaml);
+    check();
+  });
   root.replaceChildren(el("h2", {}, cloneId ? "Submit (cloned)" : "Submit a job"),
     el("div.submit-grid", {},
-      el("div", {}, el("p.muted", {}, "The job spec as JSON (fields as in the API docs)."),
+      el("div", {}, el("p.muted", {}, "The job spec as JSON or YAML (fields as in the API docs). ", formats),
         el("div.editor-frame", {}, gutter, editor),
         el("div.toolbar", {}, submit, submitNote)),
       el("div", {}, el("div.card", {}, el("h3", {}, "Memory"), el("label", {}, "GPU memory per device ", gpu),
@@ -60,10 +99,13 @@ export async function mountSubmit(root, cloneId, signal) {
         el("div.card", {}, el("h3", {}, "Upload a dataset"), upload))));
 
   function parsed() {
+    const asJson = isJsonText(editor.value);
     try {
-      return JSON.parse(editor.value);
+      const spec = asJson ? JSON.parse(editor.value) : yaml.load(editor.value, { schema: yaml.CORE_SCHEMA });
+      if (spec && typeof spec === "object" && !Array.isArray(spec)) return spec;
+      throw new Error("the spec must be a mapping of fields (name, task, model, …)");
     } catch (error) {
-      showErrors([{ field: "(JSON)", message: error.message }]);
+      showErrors([{ field: asJson ? "(JSON)" : "(YAML)", message: error.message }]);
       return null;
     }
   }
@@ -81,7 +123,7 @@ export async function mountSubmit(root, cloneId, signal) {
     const spec = parsed();
     if (!spec) return;
     for (const [path, value] of Object.entries(changes)) setPath(spec, path, value);
-    editor.value = JSON.stringify(spec, null, 2);
+    editor.value = formatSpec(spec, !isJsonText(editor.value), yaml);
     drawGutter();
     check();
   }
@@ -96,7 +138,7 @@ export async function mountSubmit(root, cloneId, signal) {
   }
   async function check() {
     const spec = parsed();
-    if (!spec) { stale(); verdict.textContent = "fix the JSON to see an estimate"; return; }
+    if (!spec) { stale(); verdict.textContent = "fix the spec's syntax to see an estimate"; return; }
     stale();
     const mine = seq;
     const body = { spec: Object.fromEntries(Object.entries(spec).filter(([k]) => !NOT_SPEC.includes(k))),
@@ -149,7 +191,7 @@ export async function mountSubmit(root, cloneId, signal) {
   check();
 }
 
-function uploadBox(editor, changed) {
+function uploadBox(editor, parsed, replace) {
   const file = el("input", { type: "file", name: "file", accept: ".csv,.jsonl,.json,.parquet,.zip" });
   const name = el("input", { type: "text", name: "dataset-name", placeholder: "name (optional)" });
   const result = el("div.muted");
@@ -163,11 +205,11 @@ function uploadBox(editor, changed) {
       const dataset = await request("/v1/datasets", { method: "POST", body: form });
       result.replaceChildren(`stored as ${dataset.id} (${dataset.format}, ${bytes(dataset.size_bytes)}) `,
         el("button", { onclick: () => {
-          const spec = JSON.parse(editor.value);
+          const spec = parsed();
+          if (!spec) return;
           const { text_column, label_column } = spec.dataset || {};
           spec.dataset = { id: dataset.id, text_column, label_column };
-          editor.value = JSON.stringify(spec, null, 2);
-          changed();
+          replace(spec);
         } }, "Use in the spec"));
     } catch (error) {
       result.textContent = error.message;
