@@ -1,6 +1,5 @@
-"""A TCP proxy the chaos bench can cut: the database "goes away" for the processes behind it while the real
-server stays up for everyone else on the machine (the same idea as tests/faults/tcp_proxy.py; a bench
-does not import the test package)."""
+"""A TCP proxy the chaos bench (and the fault tests) can cut: the database "goes away" for the processes
+behind it while the real server stays up for everyone else on the machine."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from api.main import create_app
+from bench.chaos_proxy import TcpProxy
 from service_core.db.base import Base
 from service_core.keys import create_api_key
 from service_core.settings import Settings
 from tests.api.conftest import PG_SERVER, make_spec
-from tests.faults.tcp_proxy import TcpProxy
 from tests.trainer_core.datagen import write_sentiment_csv
 
 pytestmark = pytest.mark.postgres

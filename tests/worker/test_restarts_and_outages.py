@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.exc import OperationalError
 
+from bench.chaos_proxy import TcpProxy
 from service_core.db import Base, Job, JobEvent, MetricPoint
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason
-from tests.faults.tcp_proxy import TcpProxy
 from trainer_core.events import make_event
 from worker.execute import execute_job, session_factory
 from worker.ingest import EventIngestor

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
+from bench.chaos_proxy import TcpProxy
 from service_core.db import Base, Job
 from service_core.db.base import utcnow
 from service_core.db.models import Lease, WorkerHeartbeat
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
-from tests.faults.tcp_proxy import TcpProxy
 from worker.paths import worker_name
 from worker.sweeper import SWEEPER_LEASE, Sweeper, beat, redeliver_lost_messages, release_lease, take_lease
 
