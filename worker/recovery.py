@@ -29,6 +29,7 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import newest_checkpoint
 from worker.paths import run_paths, worker_name
+from worker.restarts import max_restarts, restarts_used
 
 log = logging.getLogger(__name__)
 
@@ -126,18 +127,24 @@ def recover_orphaned_jobs(settings: Settings, *, host: str | None = None) -> dic
         # Only candidates leave the database: a lease past (or none) anywhere, any job of this host.
         candidate = or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now, Job.worker == host)
         running = session.execute(select(Job).where(Job.status == JobStatus.running.value, candidate)).scalars().all()
-        orphans = [(job.id, job.attempts, job.worker) for job in running
+        orphans = [(job.id, job.attempts, job.worker, max_restarts(job.spec)) for job in running
                    if is_orphaned(job, host, now, settings.lease_seconds)]  # fmt: skip
+        used = {job_id: restarts_used(session, job_id) for job_id, *_ in orphans}
     results: dict[str, str] = {}
-    for job_id, attempt, worker in orphans:
+    for job_id, attempt, worker, budget in orphans:
         paths = run_paths(job_id, settings)
         if worker == host:  # a run pid file names a process of this machine only
             kill_leftover_run(paths.pid_file)
         has_checkpoint = newest_checkpoint(paths.output_dir) is not None
+        # A lost worker is an infrastructure failure: it spends one of the job's restarts.
+        spent = used[job_id] >= budget
+        message = f"{LOST_WORKER_MESSAGE} (no restarts left: resources.max_restarts is {budget})" if spent else (
+            LOST_WORKER_MESSAGE
+        )
         # Still expired at the UPDATE: a slot that renewed since we looked keeps its job.
         still_lost = (or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now, Job.worker == host),)
         results[job_id] = requeue_or_fail(
-            job_id, settings, has_checkpoint=has_checkpoint, message=LOST_WORKER_MESSAGE,
+            job_id, settings, has_checkpoint=has_checkpoint and not spent, message=message,
             requeue_reason=ErrorReason.worker_lost, attempt=attempt, conditions=still_lost,
         )  # fmt: skip
     return results

@@ -91,3 +91,21 @@ def test_a_leftover_run_of_a_dead_supervisor_is_killed(sqlite_settings: Settings
     assert recover_orphaned_jobs(sqlite_settings) == {job_id: "failed"}
     assert orphan.wait(timeout=10) == -9
     assert not paths.pid_file.exists()
+
+
+def test_a_lost_worker_spends_a_restart_and_then_the_job_fails(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    spec = {**quick_spec(sentiment_files), "resources": {"max_restarts": 1}}
+    job_id = make_job(sqlite_settings, spec, status="running", attempts=1, worker=worker_name(), pid=dead_pid())
+    write_checkpoint(run_paths(job_id, sqlite_settings).output_dir, spec)
+    assert recover_orphaned_jobs(sqlite_settings) == {job_id: "queued"}  # restart 1 of 1
+
+    # The next attempt's worker is lost too: no restart left, even with a checkpoint to resume from.
+    with session_scope(sqlite_settings.database_url) as s:
+        again = {"status": "running", "attempts": 2, "worker": worker_name(), "pid": dead_pid()}
+        s.execute(update(Job).where(Job.id == job_id).values(**again))
+    assert recover_orphaned_jobs(sqlite_settings) == {job_id: "failed"}
+    job = load_job(sqlite_settings, job_id)
+    assert job.error_reason == "worker_lost"
+    assert "no restarts left: resources.max_restarts is 1" in (job.error_message or "")
