@@ -1,4 +1,5 @@
-"""Fault checks for ``bench/gpu_check.py``: cancellation, SIGKILL-resume and the OOM fault, through ``trainjobs train``.
+"""Fault checks for ``bench/gpu_check.py``: cancellation, SIGKILL-resume and the OOM fault, through the engine's
+entry point (``python -m trainer_core``).
 
 Each check drives the real CLI as a child process (so signals hit a real run process) on whatever device
 the child finds: CUDA on a GPU machine, the CPU in ``--smoke`` mode. One sequence per backend:
@@ -18,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from trainer_core.events import RUN_EXIT_CODES
 
 REPO = Path(__file__).resolve().parents[1]
 OOM_ENV = "TRAINJOBS_FAULT_OOM_ABOVE_MICROBATCH"
@@ -110,7 +113,8 @@ def kill_cancel_resume(root: Path, files: dict[str, str], backend: str, total: i
     done = (before + after)[-1]
     stopped = done.get("summary", {}).get("global_step", -1)
     resumed_ok = bool(saved) and killed_at < total and bool(progress) and progress[0] == killed_at + 1
-    cancel_ok = (second.returncode == 1 and done["event"] == "done" and done["status"] == "cancelled"
+    cancel_ok = (second.returncode == RUN_EXIT_CODES["cancelled"] and done["event"] == "done"
+                 and done["status"] == "cancelled"
                  and stopped in checkpoint_steps(out) and stopped < total)  # fmt: skip
 
     third = start(spec_file, out, "--resume")
