@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -20,6 +18,7 @@ from service_core.db.jobstore import add_events, transition
 from service_core.db.models import Job
 from service_core.status import ErrorReason, JobStatus
 from tests.api.conftest import Keys, add_job
+from tests.api.live import serve
 
 
 def parse_sse(text: str) -> list[dict[str, Any]]:
@@ -108,19 +107,8 @@ def test_events_not_found_not_yours_and_unauthenticated(client: TestClient, keys
 @pytest.fixture
 def live_url(app: FastAPI) -> Iterator[str]:
     """The app served by a real uvicorn on a free local port (streams arrive as they are written)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(app) as url:
+        yield url
 
 
 def stream_events(url: str, key: str, seen: list[dict[str, Any]], stop_after: int | None = None) -> None:
