@@ -13,6 +13,7 @@ from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForAudioClassification,
+    AutoModelForCausalLM,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     PretrainedConfig,
@@ -24,6 +25,7 @@ MODEL_CLASSES: dict[str, Any] = {
     "text-classification": AutoModelForSequenceClassification,
     "image-classification": AutoModelForImageClassification,
     "audio-classification": AutoModelForAudioClassification,
+    "causal-lm": AutoModelForCausalLM,
 }
 
 # Master weights stay fp32 whatever dtype a checkpoint or config names: mixed precision is autocast's
