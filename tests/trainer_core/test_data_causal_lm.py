@@ -140,6 +140,13 @@ def test_second_prepare_is_a_cache_hit_and_lm_settings_are_in_the_key(
     assert second.train["labels"] == first.train["labels"] and second.labels == []
     assert second.processor.pad_token_id == first.processor.pad_token_id
     assert second.processor.chat_template == first.processor.chat_template
+    # A hit still checks the tokenizer against the model (its config is not part of the key).
+    small = lm_spec(write_lm_jsonl(tmp_path / "prompt-completion", "prompt-completion"), tokenizer_dir,
+                    preprocessing={"max_length": 64})  # fmt: skip
+    small["model"]["config"]["vocab_size"] = 50
+    with pytest.raises(SpecError) as exc:
+        prepare_data(parse_spec(small), cache)
+    assert _field(exc) == "model.config.vocab_size"
     monkeypatch.undo()
     for setting in ({"train_on_prompt": True}, {"packing": True}, {"max_length": 32}):
         other = _data(tmp_path, "prompt-completion", tokenizer_dir, cache, **setting)
