@@ -88,8 +88,7 @@ def _check_data(spec: JobSpec, report: PreflightReport) -> None:
     if eval_split is not None:
         check_columns(spec, eval_split.rows, "eval")
     report.checks.append("columns")
-    if spec.task == "causal-lm":
-        _check_lm(spec, train.rows, report)
+    if spec.task == "causal-lm":  # a language model's targets are its text: no label column
         return
     _check_labels(spec, train, eval_split, report)
     if spec.task != "text-classification":
@@ -145,34 +144,6 @@ def _check_labels(spec: JobSpec, train: SplitHead, eval_split: SplitHead | None,
     report.labels = mapping.names
     report.labels_complete = train.exact
     report.checks.append("labels")
-
-
-def _check_lm(spec: JobSpec, train: Dataset, report: PreflightReport) -> None:
-    """causal-lm: the model takes packing and max_length; chat data has a tokenizer with a chat template.
-
-    The tokenizer is read only from this machine (local folder or hub cache); locating it is
-    :func:`check_model_sources`' job, so one not here yet is left to the run.
-    """
-    from transformers import AutoTokenizer
-
-    from trainer_core.data.causal_lm import check_chat_tokenizer
-    from trainer_core.data.lm_prepare import check_lm_model, lm_model_config
-    from trainer_core.data.loading import lm_shape
-    from trainer_core.data.preprocess import default_model_config
-    from trainer_core.data.text import lm_tokenizer_source
-
-    check_lm_model(spec, lm_model_config(spec, default_model_config(spec)))
-    report.checks.append("lm_model")
-    source = lm_tokenizer_source(spec)
-    if lm_shape(spec.dataset, train.column_names) != "chat":
-        return
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        report.notes.append(f"tokenizer {source!r} not read before the run ({type(exc).__name__})")
-        return
-    check_chat_tokenizer(tokenizer, spec)
-    report.checks.append("chat_template")
 
 
 def _check_media(spec: JobSpec, rows: Dataset, split_name: str) -> None:
