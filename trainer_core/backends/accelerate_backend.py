@@ -32,7 +32,7 @@ from trainer_core.backends.common import (
     column_lengths,
     eval_values,
     plan_steps,
-    save_processor,
+    save_final_extras,
     train_summary,
 )
 from trainer_core.backends.context import BackendResult, RunContext
@@ -85,7 +85,11 @@ def _dataloaders(ctx: RunContext) -> tuple[DataLoader, DataLoader | None]:
 def evaluate(
     accelerator: Accelerator, model: nn.Module, eval_dl: DataLoader, ctx: RunContext
 ) -> dict[str, float]:
-    """Loss and metrics over the whole eval split, gathered from every process."""
+    """Loss and metrics over the whole eval split, gathered from every process.
+
+    A causal LM is scored by its loss alone (and the perplexity derived from it): no logits are kept.
+    """
+    scores_predictions = ctx.spec.task != "causal-lm"
     model.eval()
     losses, preds, refs = [], [], []
     with torch.no_grad():
@@ -94,15 +98,18 @@ def evaluate(
             labels = batch["labels"]
             # Weight each batch's mean loss by its size, as Trainer does.
             loss = out.loss.detach().float().repeat(labels.shape[0])
-            pred, ref, loss = accelerator.gather_for_metrics((out.logits.argmax(-1), labels, loss))
-            preds.append(pred)
-            refs.append(ref)
+            if scores_predictions:
+                pred, ref, loss = accelerator.gather_for_metrics((out.logits.argmax(-1), labels, loss))
+                preds.append(pred)
+                refs.append(ref)
+            else:
+                loss = accelerator.gather_for_metrics(loss)
             losses.append(loss)
     model.train()
     return eval_values(
         ctx.spec,
-        torch.cat(preds).cpu().numpy(),
-        torch.cat(refs).cpu().numpy(),
+        torch.cat(preds).cpu().numpy() if preds else None,
+        torch.cat(refs).cpu().numpy() if refs else None,
         len(ctx.data.labels),
         float(torch.cat(losses).mean().item()),
     )
@@ -291,7 +298,8 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
 def _save_final(accelerator: Accelerator, model: nn.Module, ctx: RunContext) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(str(ctx.output_dir))
-        save_processor(ctx.data.processor, ctx.output_dir)
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.save_pretrained(str(ctx.output_dir))  # a PEFT model writes its adapter only
+        save_final_extras(ctx.spec, unwrapped, ctx.data.processor, ctx.output_dir)
     accelerator.wait_for_everyone()
 
