@@ -122,9 +122,11 @@ def with_adapter(spec: JobSpec, base: nn.Module, checkpointing: bool) -> nn.Modu
     return model
 
 
-def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's trainable tensors by PEFT's saved names (for tests and resume checks)."""
-    from peft import get_peft_model_state_dict
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable tensors (adapters, a ``modules_to_save`` head) under their ``state_dict`` names.
 
-    state: dict[str, torch.Tensor] = get_peft_model_state_dict(model)
-    return state
+    What an adapter run's checkpoint needs: the frozen base is rebuilt from its source on resume, and
+    a 4-bit base's packed weights and quantisation state would not load back into ``Params4bit``.
+    """
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    return {name: t.detach() for name, t in model.state_dict(keep_vars=True).items() if id(t) in trainable}

@@ -124,11 +124,23 @@ def _save_checkpoint(accelerator: Accelerator, ctx: RunContext, progress: TrainP
     accelerator.wait_for_everyone()
 
 
+def _adapter_checkpoints(accelerator: Accelerator) -> None:
+    """Checkpoints of an adapter run hold the trainable tensors only (see ``trainable_state``)."""
+    from trainer_core.adapters import trainable_state
+
+    def keep_trainable(models: list[nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
+        for i, model in enumerate(models):
+            weights[i] = trainable_state(model)
+
+    accelerator.register_save_state_pre_hook(keep_trainable)
+
+
 def _load_checkpoint(accelerator: Accelerator, ctx: RunContext) -> TrainProgress:
     """Where training starts: the checkpoint's step, epoch and batch, or the very beginning."""
     if ctx.resume_from is None:
         return TrainProgress(0, 0, 0)
-    accelerator.load_state(str(ctx.resume_from))
+    # An adapter run's checkpoint lacks the frozen base (rebuilt as the run started), so not strict.
+    accelerator.load_state(str(ctx.resume_from), strict=ctx.spec.adapter is None)
     start = read_progress(ctx.resume_from)
     logger.info("resuming from %s at step %d", ctx.resume_from, start.global_step)
     return start
@@ -242,6 +254,8 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     # once per update (a prepared scheduler would step num_processes times).
     scheduler = build_scheduler(spec, optimizer.optimizer, plan.total_steps)
     accelerator.register_for_checkpointing(scheduler)
+    if spec.adapter is not None:
+        _adapter_checkpoints(accelerator)
     start = _load_checkpoint(accelerator, ctx)
     book = _Bookkeeping(ctx, accelerator, model, optimizer, scheduler, eval_dl, plan, global_step=start.global_step)
 
