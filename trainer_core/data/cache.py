@@ -22,6 +22,7 @@ from typing import Any
 
 from datasets import Dataset, load_from_disk
 
+from trainer_core.data.causal_lm import LM_ENCODING_RECIPE
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, DatasetSpec, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ CACHE_FORMAT = 1
 # Weights do not change how data is preprocessed; hashing gigabytes of them would only cost time.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf")
 _STALE_TMP_S = 24 * 3600
+_LM_COLUMNS = ("prompt_column", "completion_column", "messages_column")
 
 
 def file_digest(path: Path) -> str:
@@ -100,7 +102,9 @@ def cache_key(spec: JobSpec, processor_identity: dict[str, Any]) -> str:
         "data": data_fingerprint(ds),
         "processor": processor_identity,
         "columns": ds.model_dump(include={"text_column", "text_pair_column", "image_column", "audio_column",
-                                          "label_column"}),
+                                          "label_column", *_LM_COLUMNS}),
+        # How causal-lm rows are tokenised and masked (bumped when that changes).
+        "encoding": LM_ENCODING_RECIPE if spec.task == "causal-lm" else None,
         "splits": {
             "train_split": ds.train_split,
             "eval_split": ds.eval_split,

@@ -104,10 +104,48 @@ def select_splits(spec: JobSpec, raw: DatasetDict) -> tuple[Dataset, Dataset | N
     return train, None
 
 
+# causal-lm data comes in one of three shapes, told apart by which columns exist (first match wins).
+LM_SHAPES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("chat", ("messages_column",)),
+    ("prompt-completion", ("prompt_column", "completion_column")),
+    ("text", ("text_column",)),
+)
+
+
+def lm_shape(ds: DatasetSpec, columns: list[str]) -> str:
+    """Which causal-lm shape a split has: ``chat``, ``prompt-completion`` or ``text`` (see :data:`LM_SHAPES`).
+
+    A prompt column without its completion column (or the reverse) is an error naming the missing one.
+    """
+    for shape, fields in LM_SHAPES:
+        present = [f for f in fields if getattr(ds, f) in columns]
+        if len(present) == len(fields):
+            return shape
+        if present:
+            missing = next(f for f in fields if f not in present)
+            raise spec_error(
+                f"dataset.{missing}",
+                f"column {getattr(ds, missing)!r} not found next to {getattr(ds, present[0])!r}; "
+                f"its columns are: {', '.join(columns)}",
+            )
+    wanted = ", ".join(repr(getattr(ds, f)) for _, fields in LM_SHAPES for f in fields)
+    raise spec_error(
+        "dataset.text_column",
+        f"causal-lm data needs a text, prompt/completion or messages column ({wanted}); "
+        f"its columns are: {', '.join(columns)}",
+    )
+
+
+def _input_fields(spec: JobSpec, split: Dataset) -> tuple[str, ...]:
+    if spec.task == "causal-lm":
+        shape = lm_shape(spec.dataset, split.column_names)
+        return next(fields for name, fields in LM_SHAPES if name == shape)
+    return (*INPUT_COLUMN_FIELDS[spec.task], "label_column")
+
+
 def check_columns(spec: JobSpec, split: Dataset, split_name: str) -> None:
     """Every column the task reads must exist; the error names the spec field and the real columns."""
-    fields = (*INPUT_COLUMN_FIELDS[spec.task], "label_column")
-    for field in fields:
+    for field in _input_fields(spec, split):
         column = getattr(spec.dataset, field)
         if column is not None and column not in split.column_names:
             raise spec_error(

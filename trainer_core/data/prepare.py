@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedConfig
 
 from trainer_core.data.cache import cache_key, load_entry, processor_fingerprint, save_entry
+from trainer_core.data.lm_prepare import check_lm_model, check_vocabulary, encode_lm_splits, lm_model_config
 from trainer_core.data.loading import build_label_mapping, check_columns, load_raw, select_splits
 from trainer_core.data.preprocess import (
     check_input_text,
@@ -26,7 +27,7 @@ from trainer_core.data.preprocess import (
     trains_tokenizer,
 )
 from trainer_core.data.text import tokenizer_source, trained_tokenizer_settings
-from trainer_core.spec import JobSpec
+from trainer_core.spec import TEXT_TASKS, JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,14 @@ class PreparedData:
     ``train`` and ``eval`` hold only model inputs (``input_ids``/``attention_mask``/...,
     ``pixel_values``, ``input_values``/``input_features``), ``labels`` (int) and ``length`` (int, for
     length-grouped batching; the collator drops it).
+
+    For ``task: causal-lm`` the rows hold ``input_ids``, ``labels`` (a list as long as ``input_ids``,
+    -100 on tokens the loss skips) and ``length``; packed rows (``preprocessing.packing``) also hold
+    ``position_ids`` restarting at 0 per example. The collator returns ``input_ids``, ``labels`` and
+    ``attention_mask`` padded to the batch's longest row (pad id, -100, 0), or, packed, one flattened
+    ``[1, total_tokens]`` sequence of ``input_ids``, ``labels`` and ``position_ids`` with no attention
+    mask. ``labels`` (the class names) is then empty: there are no classes. ``processor`` is the
+    tokenizer, with an eos and a padding token set (pad = eos when it had none) and its chat template.
     """
 
     train: datasets.Dataset
@@ -54,7 +63,7 @@ def processor_identity(spec: JobSpec, model_config: PreTrainedConfig | None) -> 
     if trains_tokenizer(spec):
         assert model_config is not None
         return {"trained_tokenizer": trained_tokenizer_settings(model_config)}
-    if spec.task == "text-classification":
+    if spec.task in TEXT_TASKS:
         source = tokenizer_source(spec)
         return processor_fingerprint(source, spec.model.revision if spec.model.tokenizer is None else None)
     source = spec.model.processor or spec.model.name_or_path
@@ -81,6 +90,9 @@ def prepare_data(
     ``model_config`` is only needed for config-built models (defaults to the spec's config).
     """
     config = model_config if model_config is not None else default_model_config(spec)
+    if spec.task == "causal-lm":
+        config = lm_model_config(spec, config)
+        check_lm_model(spec, config)
     key = cache_key(spec, processor_identity(spec, config))
     if cache_dir is not None:
         entry = load_entry(Path(cache_dir), key)
@@ -93,20 +105,27 @@ def prepare_data(
     check_columns(spec, train, "train")
     if eval_split is not None:
         check_columns(spec, eval_split, "eval")
-    mapping = build_label_mapping(train, eval_split, spec.dataset.label_column)
-    texts = _tokenizer_training_text(spec, train) if trains_tokenizer(spec) else None
-    processor = load_processor(spec, texts, model_config=config)
-    encoder = make_encoder(spec, processor, mapping.to_id)
-    train_ready = encode(train, encoder)
-    eval_ready = encode(eval_split, encoder) if eval_split is not None else None
+    if spec.task == "causal-lm":
+        names: list[str] = []
+        processor = load_processor(spec, model_config=config)
+        check_vocabulary(spec, processor, config)
+        train_ready, eval_ready = encode_lm_splits(spec, processor, train, eval_split)
+    else:
+        mapping = build_label_mapping(train, eval_split, spec.dataset.label_column)
+        names = mapping.names
+        texts = _tokenizer_training_text(spec, train) if trains_tokenizer(spec) else None
+        processor = load_processor(spec, texts, model_config=config)
+        encoder = make_encoder(spec, processor, mapping.to_id)
+        train_ready = encode(train, encoder)
+        eval_ready = encode(eval_split, encoder) if eval_split is not None else None
 
     if cache_dir is not None:
-        save_entry(Path(cache_dir), key, train_ready, eval_ready, mapping.names, processor)
+        save_entry(Path(cache_dir), key, train_ready, eval_ready, names, processor)
         # Serve the saved copy, so a first run and a cache hit read exactly the same data.
         entry = load_entry(Path(cache_dir), key)
         if entry is not None:
             train_ready, eval_ready = entry.train, entry.eval
-    return _prepared(spec, train_ready, eval_ready, mapping.names, processor, cache_hit=False, key=key)
+    return _prepared(spec, train_ready, eval_ready, names, processor, cache_hit=False, key=key)
 
 
 def _prepared(
@@ -123,7 +142,7 @@ def _prepared(
         train=set_model_format(spec.task, train),
         eval=set_model_format(spec.task, eval_split) if eval_split is not None else None,
         labels=labels,
-        collator=make_collator(spec.task, processor),
+        collator=make_collator(spec.task, processor, packing=spec.preprocessing.packing),
         processor=processor,
         cache_hit=cache_hit,
         cache_key=key,

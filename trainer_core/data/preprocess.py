@@ -12,11 +12,13 @@ from datasets import Dataset
 from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer, PreTrainedConfig
 
 from trainer_core.data.audio import AudioCollator, AudioEncoder, load_feature_extractor
+from trainer_core.data.causal_lm import LMCollator
 from trainer_core.data.image import ImageCollator, ImageEncoder, load_image_processor
 from trainer_core.data.loading import spec_error
+from trainer_core.data.packing import FlatteningCollator
 from trainer_core.data.text import TextCollator, TextEncoder, load_tokenizer, tokenizer_source, train_tokenizer_for
 from trainer_core.modeling import config_from_dict
-from trainer_core.spec import JobSpec
+from trainer_core.spec import TEXT_TASKS, JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,7 @@ Collator = Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]
 # How a processor saved with save_pretrained is loaded back, per task.
 PROCESSOR_LOADERS: dict[str, Any] = {
     "text-classification": AutoTokenizer,
+    "causal-lm": AutoTokenizer,
     "image-classification": AutoImageProcessor,
     "audio-classification": AutoFeatureExtractor,
 }
@@ -50,10 +53,15 @@ def load_processor(
 ) -> Any:
     """The tokenizer, image processor or feature extractor for ``spec``'s task.
 
-    A config-built text model with no ``model.tokenizer`` gets a WordPiece tokenizer trained on
-    ``train_texts``, sized by the config's ``vocab_size``.
+    A config-built text-classification model with no ``model.tokenizer`` gets a WordPiece tokenizer
+    trained on ``train_texts``, sized by the config's ``vocab_size``. causal-lm needs a named tokenizer
+    (its chat template and special tokens matter); it gets an eos and a padding token if it lacks them.
     """
     config = model_config if model_config is not None else default_model_config(spec)
+    if spec.task == "causal-lm":
+        if tokenizer_source(spec) is None:
+            raise spec_error("model.tokenizer", "causal-lm with a config-built model needs a tokenizer named here")
+        return load_tokenizer(spec)
     if spec.task == "text-classification":
         if not trains_tokenizer(spec):
             return load_tokenizer(spec)
@@ -98,8 +106,10 @@ def make_encoder(spec: JobSpec, processor: Any, label_to_id: Mapping[Any, int]) 
     return AudioEncoder(processor, ds.audio_column, ds.label_column, label_to_id, spec.preprocessing.max_duration_s)
 
 
-def make_collator(task: str, processor: Any) -> Collator:
-    """Dynamic padding for text and audio; stacking for images."""
+def make_collator(task: str, processor: Any, *, packing: bool = False) -> Collator:
+    """Dynamic padding for text and audio; stacking for images; flattening for packed causal-lm rows."""
+    if task == "causal-lm":
+        return FlatteningCollator() if packing else LMCollator(int(processor.pad_token_id))
     if task == "text-classification":
         return TextCollator(processor)
     if task == "image-classification":
@@ -125,7 +135,7 @@ def encode(dataset: Dataset, encoder: Callable[..., dict], batch_size: int = 256
 
 def set_model_format(task: str, dataset: Dataset) -> Dataset:
     """Rows as numpy arrays for image/audio (fast stacking); text stays as lists for the tokenizer's pad."""
-    if task == "text-classification":
+    if task in TEXT_TASKS:
         return dataset
     return dataset.with_format("numpy")
 

@@ -40,8 +40,26 @@ def load_tokenizer(spec: JobSpec) -> PreTrainedTokenizerBase:
     assert source is not None, "config-built models without a tokenizer use train_wordpiece"
     revision = spec.model.revision if spec.model.tokenizer is None else None
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    if spec.task == "causal-lm":
+        return ready_for_lm(tokenizer, source)
     if tokenizer.pad_token is None:
         raise spec_error("model.tokenizer", f"tokenizer {source!r} has no padding token; dynamic padding needs one")
+    return tokenizer
+
+
+def ready_for_lm(tokenizer: PreTrainedTokenizerBase, source: str) -> PreTrainedTokenizerBase:
+    """A tokenizer set up for causal-lm: an end-of-sequence token, a padding token, right padding.
+
+    A BERT-style tokenizer (no eos) ends sequences with its ``[SEP]``; with no padding token, padding
+    reuses eos (as GPT-2 and Llama fine-tunes do): padded positions are masked and their labels -100.
+    """
+    if tokenizer.eos_token is None:
+        if tokenizer.sep_token is None:
+            raise spec_error("model.tokenizer", f"tokenizer {source!r} has no end-of-sequence (or separator) token")
+        tokenizer.eos_token = tokenizer.sep_token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
     return tokenizer
 
 
