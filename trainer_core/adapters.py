@@ -53,6 +53,19 @@ def quantization_config(adapter: AdapterSpec) -> BitsAndBytesConfig:
     )
 
 
+def _keep_training_layout(model: nn.Module) -> nn.Module:
+    """Turn off bitsandbytes' CPU inference repacking of 4-bit weights.
+
+    The first eval-mode, no-grad forward on an AVX512-BF16 CPU would rewrite each weight in place
+    (absmax to bf16, the nested statistics dropped): the run would then train another layout than the
+    one it started with and the estimator counts, and layers narrower than a 64-element block fail.
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            setattr(module, "support_avx512bf16_for_cpu", False)  # noqa: B010 (bnb's attribute, not typed)
+    return model
+
+
 def _load_quantized(spec: JobSpec, config: PretrainedConfig) -> nn.Module:
     cls = MODEL_CLASSES[spec.task]
     assert spec.adapter is not None
@@ -63,7 +76,7 @@ def _load_quantized(spec: JobSpec, config: PretrainedConfig) -> nn.Module:
         with tempfile.TemporaryDirectory(prefix="trainjobs-qlora-") as tmp:
             cls.from_config(config, dtype=MASTER_DTYPE).save_pretrained(tmp)
             model: nn.Module = cls.from_pretrained(tmp, quantization_config=quant, dtype=dtype)
-        return model
+        return _keep_training_layout(model)
     model = cls.from_pretrained(
         spec.model.name_or_path,
         config=config,
@@ -72,7 +85,7 @@ def _load_quantized(spec: JobSpec, config: PretrainedConfig) -> nn.Module:
         quantization_config=quant,
         dtype=dtype,
     )
-    return model
+    return _keep_training_layout(model)
 
 
 def build_base_model(spec: JobSpec, labels: list[str]) -> nn.Module:
@@ -99,7 +112,7 @@ def lora_config(spec: JobSpec, model: nn.Module) -> Any:
         heads = [h for h in CLASSIFIER_HEADS if isinstance(getattr(model, h, None), nn.Module)]
     return LoraConfig(
         r=adapter.r,
-        lora_alpha=adapter.alpha,
+        lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # typed int, used as a float (alpha / r)
         lora_dropout=adapter.dropout,
         target_modules=adapter.target_modules,
         task_type=task_type,

@@ -21,6 +21,7 @@ from datasets import Dataset, DatasetDict
 
 from trainer_core.data.loading import build_label_mapping, check_columns, select_splits
 from trainer_core.data.peek import FOLDER_EXTENSIONS, SplitHead, peek_splits
+from trainer_core.lm_preflight import lm_errors
 from trainer_core.locate import check_model_sources
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
 
@@ -65,6 +66,8 @@ def preflight(spec: JobSpec) -> PreflightReport:
     except SpecError as exc:
         errors.extend(exc.errors)
     errors.extend(check_model_sources(spec, report.model, report.checks))
+    if not errors:
+        errors.extend(lm_errors(spec, report.columns, report.checks))
     if errors:
         raise PreflightError(errors, report)
     return report
@@ -88,6 +91,8 @@ def _check_data(spec: JobSpec, report: PreflightReport) -> None:
     if eval_split is not None:
         check_columns(spec, eval_split.rows, "eval")
     report.checks.append("columns")
+    if spec.task == "causal-lm":  # a language model's targets are its text: no label column
+        return
     _check_labels(spec, train, eval_split, report)
     if spec.task != "text-classification":
         _check_media(spec, train.rows, "train")

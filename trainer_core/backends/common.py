@@ -44,7 +44,9 @@ def build_training_model(spec: JobSpec, labels: list[str]) -> nn.Module:
     checkpointing = spec.efficiency.gradient_checkpointing
     if spec.adapter is not None:
         from trainer_core.adapters import build_base_model, with_adapter
+        from trainer_core.lm_preflight import check_adapter_targets
 
+        check_adapter_targets(spec)  # a field error, where PEFT would fail with a ValueError
         return with_adapter(spec, build_base_model(spec, labels), checkpointing)
     model = build_model(spec.task, spec.model, labels)
     if checkpointing:

@@ -224,7 +224,7 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
         trainer.evaluate()
     trainer.save_model(str(ctx.output_dir))
     if trainer.is_world_process_zero():
-        save_final_extras(spec, trainer.model, data.processor, ctx.output_dir)
+        save_final_extras(spec, model, data.processor, ctx.output_dir)
     final_eval = callback.events.last_eval
     return BackendResult(status="succeeded", global_step=global_step, eval_metrics=final_eval, train=train)
 
