@@ -3,6 +3,7 @@ its metrics streamed over SSE, its adapter downloaded and loaded with PEFT."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,10 @@ def test_a_qlora_job_streams_metrics_and_its_adapter_loads(tmp_path: Path) -> No
         files, tokenizer = write_lm_jsonl(root / "data", "chat"), write_lm_tokenizer(root / "tok")
         spec = lm_spec(files, tokenizer, adapter={"type": "qlora", "r": 8, "compute_dtype": "fp32"}, training=TRAINING)
         with service.client(timeout=120) as client:  # a submit loads the tokenizer
+            # A submit waits at most 10 s for the API's warm-up imports; a busy machine can take longer.
+            deadline = time.monotonic() + 300
+            while not client.get("/readyz").json().get("warmed_up") and time.monotonic() < deadline:
+                time.sleep(0.5)
             created = client.post("/v1/jobs", json={**spec, "queue": service.queue})
             assert created.status_code == 201, created.text
             job_id = created.json()["id"]
