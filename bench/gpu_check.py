@@ -8,7 +8,8 @@ On one CUDA device (budget: under 8 minutes on an H200) it runs, and prints with
 1. **memory**: ``estimate_memory`` (without its overhead constant, which the allocator does not count)
    against ``torch.cuda.max_memory_allocated`` over 3 optimizers x gradient checkpointing x fp32/bf16 on
    BERT-base and ViT-base (catalog configs, random weights and data: offline), plus fp16 with the grad
-   scaler; a few real steps each, the way both backends train. Goal: ratio within 0.9-1.1.
+   scaler; a few real steps each, the way both backends train. Goal: ratio within 0.9-1.1. Then
+   Llama-3.2-1B causal-lm full / LoRA / QLoRA (``bench/gpu_llm.py``).
 2. **throughput**: samples/s of both trainjobs backends against the tuned Trainer script
    (``bench/bench_training.py``: dynamic padding + length grouping) on the GPU, bf16. Goal: >= 1.0x.
 3. **mfu**: model FLOPs utilisation of a BERT-base bf16 training step (no goal set: reported).
@@ -63,6 +64,7 @@ def run_sections(sections: list[str], smoke: bool, root: Path) -> list[Row]:
     """Each section in turn; a section that raises outside its fenced checks becomes one ERROR row."""
     import bench_training
     import gpu_faults
+    from gpu_llm import llm_memory_rows
     from gpu_memory import error_row, fenced, memory_rows, mfu_row
 
     rows: list[Row] = []
@@ -73,6 +75,7 @@ def run_sections(sections: list[str], smoke: bool, root: Path) -> list[Row]:
         try:
             if section == "memory":
                 rows += memory_rows(smoke)
+                rows += llm_memory_rows(smoke)
             elif section == "mfu":
                 rows.append(fenced("mfu", f"{'tiny-bert' if smoke else 'BERT-base'} training step",
                                    lambda: mfu_row(smoke)))

@@ -12,28 +12,39 @@ from trainer_core.events import Event, make_event
 from trainer_core.torch_optim import optimizer_state_bytes
 
 
-def _unique_parameters(model: nn.Module) -> list[nn.Parameter]:
-    # Tied weights (embeddings shared with a head) share storage; count each storage once.
-    seen: set[int] = set()
-    params: list[nn.Parameter] = []
+def parameter_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter, and for bitsandbytes 4-bit weights their quantisation state (absmax, code
+    book, nested statistics), which lives beside the packed ``Params4bit`` tensor."""
+    out: list[torch.Tensor] = []
     for param in model.parameters():
-        key = param.untyped_storage().data_ptr() or id(param)
-        if key not in seen:
-            seen.add(key)
-            params.append(param)
-    return params
+        out.append(param)
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            out += [state.absmax, state.code]
+            if state.nested:
+                out += [state.offset, state.state2.absmax, state.state2.code]
+    return out
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of ``tensors``, each storage once (tied weights share one)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(seen.values())
 
 
 def memory_values(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int | None]:
     """parameter, gradient (one per trainable parameter, same dtype) and optimizer-state bytes."""
     # Accelerate wraps optimizers; the state lives on the inner one.
     inner = getattr(optimizer, "optimizer", optimizer)
-    params = _unique_parameters(model)
+    trainable = {id(p): p for p in model.parameters() if p.requires_grad}.values()
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return {
-        "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+        "parameter_bytes": storage_bytes(parameter_tensors(model)),
         # Gradients may already be freed (zero_grad(set_to_none)) when this runs; their size is fixed.
-        "gradient_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in trainable),
         "optimizer_state_bytes": optimizer_state_bytes(inner),
         "peak_allocated_bytes": peak,
     }

@@ -1,4 +1,4 @@
-"""Classification metrics computed with numpy, identical in both backends.
+"""Classification metrics computed with numpy, and a language model's perplexity, identical in both backends.
 
 Binary tasks (two labels) score the positive class, id 1. Multi-class tasks take the macro average
 over the labels that occur in the references or the predictions, with 0 for a label whose precision
@@ -8,6 +8,7 @@ what users compute by hand.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,3 +68,15 @@ def compute_metrics(
         "f1": float(f1.mean()),
     }
     return {name: scores[name] for name in names}
+
+
+# exp() of a larger loss overflows a float; such a model's perplexity is reported as infinite.
+_MAX_EXP_ARG = 709.0
+
+
+def language_model_metrics(eval_loss: float) -> dict[str, float]:
+    """What a causal LM is scored by besides its loss: perplexity, ``exp`` of the mean token loss.
+
+    Keyed without the ``eval_`` prefix, like :func:`compute_metrics`.
+    """
+    return {"perplexity": math.exp(eval_loss) if eval_loss < _MAX_EXP_ARG else math.inf}

@@ -49,13 +49,15 @@ def label_config(labels: list[str]) -> dict[str, Any]:
     }
 
 
-def resolve_config(model: ModelSpec, labels: list[str]) -> PretrainedConfig:
-    """The config a run starts from, with the label mapping set."""
+def resolve_config(model: ModelSpec, labels: list[str], task: Task | None = None) -> PretrainedConfig:
+    """The config a run starts from, with the label mapping set (a language model has none)."""
     if model.config is not None:
         config = config_from_dict(model.config)
     else:
         assert model.name_or_path is not None  # guaranteed by ModelSpec's validator
         config = AutoConfig.from_pretrained(model.name_or_path, revision=model.revision)
+    if task == "causal-lm":  # its "labels" are its vocabulary
+        return config
     for key, value in label_config(labels).items():
         setattr(config, key, value)
     return config
@@ -65,10 +67,11 @@ def build_model(task: Task, model: ModelSpec, labels: list[str]) -> nn.Module:
     """Instantiate the model for ``task``: pretrained weights when named, random init from a config.
 
     A pretrained checkpoint's own head is replaced when the label count differs
-    (``ignore_mismatched_sizes``), as fine-tuning a classifier on new labels needs.
+    (``ignore_mismatched_sizes``), as fine-tuning a classifier on new labels needs. ``labels`` is
+    ignored for ``causal-lm``. Adapters are put on by :mod:`trainer_core.adapters`.
     """
     cls = MODEL_CLASSES[task]
-    config = resolve_config(model, labels)
+    config = resolve_config(model, labels, task)
     if model.config is not None:
         return cls.from_config(config, dtype=MASTER_DTYPE)
     return cls.from_pretrained(

@@ -21,6 +21,7 @@ from datasets import Dataset, DatasetDict
 
 from trainer_core.data.loading import build_label_mapping, check_columns, select_splits
 from trainer_core.data.peek import FOLDER_EXTENSIONS, SplitHead, peek_splits
+from trainer_core.lm_preflight import lm_errors
 from trainer_core.locate import check_model_sources
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
 
@@ -65,6 +66,8 @@ def preflight(spec: JobSpec) -> PreflightReport:
     except SpecError as exc:
         errors.extend(exc.errors)
     errors.extend(check_model_sources(spec, report.model, report.checks))
+    if not errors:
+        errors.extend(lm_errors(spec, report.columns, report.checks))
     if errors:
         raise PreflightError(errors, report)
     return report

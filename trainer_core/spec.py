@@ -258,24 +258,19 @@ class SpecError(ValueError):
 
 
 def untrainable_errors(spec: JobSpec, *, cuda: bool) -> list[FieldError]:
-    """What this version cannot train (estimates accept it), and QLoRA's fp16 without CUDA.
+    """What this machine cannot train although the spec is valid (estimates accept it): QLoRA's fp16
+    without CUDA (bitsandbytes' 4-bit kernels on the CPU compute in bf16 or fp32).
 
     The run and the API's submit refuse a spec with these errors; ``POST /v1/estimates/memory`` does not.
     """
     errors = []
-    if spec.task == "causal-lm":
-        errors.append(
-            FieldError("task", "task causal-lm: training is not available yet in this version; estimates are")
-        )
-    if spec.adapter is not None:
-        if (
-            spec.adapter.type == "qlora"
-            and not cuda
-            and "fp16" in (spec.adapter.compute_dtype, spec.efficiency.mixed_precision)
-        ):
-            errors.append(FieldError("adapter.compute_dtype", "qlora in fp16 needs a CUDA device; use 'bf16' here"))
-        message = f"{spec.adapter.type} adapters: training is not available yet in this version; estimates are"
-        errors.append(FieldError("adapter", message))
+    if (
+        spec.adapter is not None
+        and spec.adapter.type == "qlora"
+        and not cuda
+        and "fp16" in (spec.adapter.compute_dtype, spec.efficiency.mixed_precision)
+    ):
+        errors.append(FieldError("adapter.compute_dtype", "qlora in fp16 needs a CUDA device; use 'bf16' here"))
     return errors
 
 

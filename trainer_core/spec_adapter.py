@@ -1,9 +1,8 @@
-"""The ``adapter`` section of the job spec (LoRA / QLoRA) and what this version can train.
+"""The ``adapter`` section of the job spec (LoRA / QLoRA).
 
 Kept apart from :mod:`trainer_core.spec` like the optimizer section: the spec imports it. The
-memory estimator (``trainer_core/memory/adapters.py``) reads every field here; the training
-backends do not take adapters or ``task: causal-lm`` yet, so :func:`not_yet_trainable` lets the run
-and the API refuse them by field while estimates accept them.
+memory estimator (``trainer_core/memory/adapters.py``) and the model builder
+(``trainer_core/adapters.py``) read every field here.
 """
 
 from __future__ import annotations
@@ -33,6 +32,9 @@ class AdapterSpec(StrictModel):
     )
     double_quant: bool = Field(default=True, description="QLoRA: quantise the 4-bit blocks' absmax too.")
     compute_dtype: ComputeDtype = Field(default="bf16", description="QLoRA: dtype of the 4-bit matmuls.")
+    merge: bool = Field(
+        default=False, description="Also write the base with the adapter merged in (`merged/`); LoRA only."
+    )
 
     @model_validator(mode="after")
     def _fields_match_type(self) -> AdapterSpec:
@@ -40,6 +42,10 @@ class AdapterSpec(StrictModel):
             not self.target_modules or any(not name.strip() for name in self.target_modules)
         ):
             raise combination_error("adapter.target_modules", "name at least one module, none empty")
+        if self.merge and self.type == "qlora":
+            raise combination_error(
+                "adapter.merge", "qlora adapters are not merged: folding them into 4-bit weights loses precision"
+            )
         if self.type == "lora":
             fields = type(self).model_fields
             changed = [f for f in QLORA_FIELDS if getattr(self, f) != fields[f].default]

@@ -1,4 +1,4 @@
-"""Causal-LM and adapter specs: estimated over HTTP, refused at submit until the engine trains them."""
+"""Causal-LM and adapter specs over HTTP: estimated, and refused at submit naming the field when invalid."""
 
 from __future__ import annotations
 
@@ -21,20 +21,23 @@ LLM = make_spec(
 )
 
 
-def test_causal_lm_submit_is_refused_naming_task(client: TestClient, keys: Keys, session: Session) -> None:
-    response = client.post("/v1/jobs", json={**LLM, "adapter": None}, headers=keys.auth(keys.alice))
+def test_target_modules_that_match_nothing_are_refused_at_submit(
+    client: TestClient, keys: Keys, session: Session
+) -> None:
+    spec = make_spec(adapter={"type": "lora", "target_modules": ["q_proj", "v_proj"]})  # a BERT has query/value
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"
-    assert [e["field"] for e in response.json()["errors"]] == ["task"]
-    assert "not available yet" in response.json()["errors"][0]["message"]
+    (error,) = response.json()["errors"]
+    assert error["field"] == "adapter.target_modules" and "query" in error["message"]
     assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
 
 
-def test_adapter_on_classification_submit_is_refused_naming_adapter(client: TestClient, keys: Keys) -> None:
-    spec = make_spec(adapter={"type": "lora", "target_modules": ["query", "value"]})
+def test_merging_a_qlora_adapter_is_refused_at_submit(client: TestClient, keys: Keys) -> None:
+    spec = {**LLM, "adapter": {"type": "qlora", "merge": True}}
     response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
-    assert [e["field"] for e in response.json()["errors"]] == ["adapter"]
+    assert [e["field"] for e in response.json()["errors"]] == ["adapter.merge"]
 
 
 def test_causal_lm_qlora_is_estimated(client: TestClient, keys: Keys) -> None:

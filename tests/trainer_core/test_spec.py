@@ -261,21 +261,22 @@ def test_causal_lm_takes_a_tokenizer_not_a_processor() -> None:
     assert parse_spec(llm_change("model.tokenizer", "x")).model.tokenizer == "x"
 
 
-def test_untrainable_specs_name_task_and_adapter() -> None:
-    spec = parse_spec(LLM)
-    fields = [e.field for e in untrainable_errors(spec, cuda=True)]
-    assert fields == ["task", "adapter"]
-    assert "not available yet" in untrainable_errors(spec, cuda=True)[0].message
+def test_only_qlora_in_fp16_without_cuda_is_untrainable() -> None:
+    assert untrainable_errors(parse_spec(LLM), cuda=False) == []
     fp16 = parse_spec(llm_change("adapter.compute_dtype", "fp16") | {"efficiency": {"mixed_precision": "no"}})
-    assert "adapter.compute_dtype" in [e.field for e in untrainable_errors(fp16, cuda=False)]
-    assert "adapter.compute_dtype" not in [e.field for e in untrainable_errors(fp16, cuda=True)]
+    assert [e.field for e in untrainable_errors(fp16, cuda=False)] == ["adapter.compute_dtype"]
+    assert untrainable_errors(fp16, cuda=True) == []
     assert untrainable_errors(parse_spec(EXAMPLE), cuda=False) == []
 
 
-def test_the_run_refuses_causal_lm_at_validation(tmp_path: Path) -> None:
+def test_merging_a_qlora_adapter_is_refused_naming_the_field() -> None:
+    assert error_fields(llm_change("adapter.merge", True)) == ["adapter.merge"]
+    lora = {**LLM, "adapter": {"type": "lora", "merge": True}}
+    adapter = parse_spec(lora).adapter
+    assert adapter is not None and adapter.merge
+
+
+def test_the_run_accepts_causal_lm_at_validation() -> None:
     from trainer_core.run import check_runnable
 
-    with pytest.raises(SpecError) as info:
-        check_runnable(parse_spec({**LLM, "adapter": None}))
-    assert [e.field for e in info.value.errors] == ["task"]
-    assert "training is not available yet in this version; estimates are" in str(info.value)
+    check_runnable(parse_spec({**LLM, "adapter": None}))  # raises SpecError if refused

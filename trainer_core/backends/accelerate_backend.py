@@ -32,7 +32,7 @@ from trainer_core.backends.common import (
     column_lengths,
     eval_values,
     plan_steps,
-    save_processor,
+    save_final_extras,
     train_summary,
 )
 from trainer_core.backends.context import BackendResult, RunContext
@@ -85,7 +85,11 @@ def _dataloaders(ctx: RunContext) -> tuple[DataLoader, DataLoader | None]:
 def evaluate(
     accelerator: Accelerator, model: nn.Module, eval_dl: DataLoader, ctx: RunContext
 ) -> dict[str, float]:
-    """Loss and metrics over the whole eval split, gathered from every process."""
+    """Loss and metrics over the whole eval split, gathered from every process.
+
+    A causal LM is scored by its loss alone (and the perplexity derived from it): no logits are kept.
+    """
+    scores_predictions = ctx.spec.task != "causal-lm"
     model.eval()
     losses, preds, refs = [], [], []
     with torch.no_grad():
@@ -94,15 +98,18 @@ def evaluate(
             labels = batch["labels"]
             # Weight each batch's mean loss by its size, as Trainer does.
             loss = out.loss.detach().float().repeat(labels.shape[0])
-            pred, ref, loss = accelerator.gather_for_metrics((out.logits.argmax(-1), labels, loss))
-            preds.append(pred)
-            refs.append(ref)
+            if scores_predictions:
+                pred, ref, loss = accelerator.gather_for_metrics((out.logits.argmax(-1), labels, loss))
+                preds.append(pred)
+                refs.append(ref)
+            else:
+                loss = accelerator.gather_for_metrics(loss)
             losses.append(loss)
     model.train()
     return eval_values(
         ctx.spec,
-        torch.cat(preds).cpu().numpy(),
-        torch.cat(refs).cpu().numpy(),
+        torch.cat(preds).cpu().numpy() if preds else None,
+        torch.cat(refs).cpu().numpy() if refs else None,
         len(ctx.data.labels),
         float(torch.cat(losses).mean().item()),
     )
@@ -117,11 +124,23 @@ def _save_checkpoint(accelerator: Accelerator, ctx: RunContext, progress: TrainP
     accelerator.wait_for_everyone()
 
 
+def _adapter_checkpoints(accelerator: Accelerator) -> None:
+    """Checkpoints of an adapter run hold the trainable tensors only (see ``trainable_state``)."""
+    from trainer_core.adapters import trainable_state
+
+    def keep_trainable(models: list[nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
+        for i, model in enumerate(models):
+            weights[i] = trainable_state(model)
+
+    accelerator.register_save_state_pre_hook(keep_trainable)
+
+
 def _load_checkpoint(accelerator: Accelerator, ctx: RunContext) -> TrainProgress:
     """Where training starts: the checkpoint's step, epoch and batch, or the very beginning."""
     if ctx.resume_from is None:
         return TrainProgress(0, 0, 0)
-    accelerator.load_state(str(ctx.resume_from))
+    # An adapter run's checkpoint lacks the frozen base (rebuilt as the run started), so not strict.
+    accelerator.load_state(str(ctx.resume_from), strict=ctx.spec.adapter is None)
     start = read_progress(ctx.resume_from)
     logger.info("resuming from %s at step %d", ctx.resume_from, start.global_step)
     return start
@@ -235,6 +254,8 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     # once per update (a prepared scheduler would step num_processes times).
     scheduler = build_scheduler(spec, optimizer.optimizer, plan.total_steps)
     accelerator.register_for_checkpointing(scheduler)
+    if spec.adapter is not None:
+        _adapter_checkpoints(accelerator)
     start = _load_checkpoint(accelerator, ctx)
     book = _Bookkeeping(ctx, accelerator, model, optimizer, scheduler, eval_dl, plan, global_step=start.global_step)
 
@@ -291,7 +312,8 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
 def _save_final(accelerator: Accelerator, model: nn.Module, ctx: RunContext) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(str(ctx.output_dir))
-        save_processor(ctx.data.processor, ctx.output_dir)
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.save_pretrained(str(ctx.output_dir))  # a PEFT model writes its adapter only
+        save_final_extras(ctx.spec, unwrapped, ctx.data.processor, ctx.output_dir)
     accelerator.wait_for_everyone()
 

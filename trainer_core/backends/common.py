@@ -36,10 +36,20 @@ def column_lengths(dataset: Dataset) -> list[int] | None:
 
 
 def build_training_model(spec: JobSpec, labels: list[str]) -> nn.Module:
-    """The model, seeded first so a random init is reproducible, with gradient checkpointing if asked."""
+    """The model, seeded first so a random init is reproducible, with gradient checkpointing if asked.
+
+    With ``spec.adapter`` it is the PEFT model over a frozen (for qlora, 4-bit) base.
+    """
     set_seed(spec.training.seed)
+    checkpointing = spec.efficiency.gradient_checkpointing
+    if spec.adapter is not None:
+        from trainer_core.adapters import build_base_model, with_adapter
+        from trainer_core.lm_preflight import check_adapter_targets
+
+        check_adapter_targets(spec)  # a field error, where PEFT would fail with a ValueError
+        return with_adapter(spec, build_base_model(spec, labels), checkpointing)
     model = build_model(spec.task, spec.model, labels)
-    if spec.efficiency.gradient_checkpointing:
+    if checkpointing:
         # Non-reentrant checkpointing works with frozen inputs and autocast; the reentrant kind does not.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
     return model
@@ -99,14 +109,18 @@ def build_scheduler(
 
 
 def eval_values(
-    spec: JobSpec, predictions: np.ndarray, references: np.ndarray, num_labels: int, loss: float | None
+    spec: JobSpec, predictions: np.ndarray | None, references: np.ndarray | None, num_labels: int, loss: float | None
 ) -> dict[str, float]:
-    """``eval_loss`` and the spec's metrics, keys prefixed ``eval_`` as Trainer reports them."""
-    from trainer_core.metrics import compute_metrics
+    """``eval_loss`` and the spec's metrics (a causal LM's: perplexity), keys prefixed ``eval_`` as Trainer's."""
+    from trainer_core.metrics import compute_metrics, language_model_metrics
 
-    values = {f"eval_{k}": float(v) for k, v in compute_metrics(
-        list(spec.metrics), predictions, references, num_labels
-    ).items()}
+    if spec.task == "causal-lm":
+        assert loss is not None  # a language model always computes its loss
+        scores = language_model_metrics(loss)
+    else:
+        assert predictions is not None and references is not None
+        scores = compute_metrics(list(spec.metrics), predictions, references, num_labels)
+    values = {f"eval_{k}": float(v) for k, v in scores.items()}
     if loss is not None:
         values = {"eval_loss": float(loss), **values}
     return values
@@ -160,5 +174,23 @@ def write_run_files(output_dir: Path, spec: JobSpec, metrics: dict[str, Any]) ->
 
 
 def save_processor(processor: Any, output_dir: Path) -> None:
+    """The tokenizer (with its chat template) or processor next to the model (main process only)."""
     if processor is not None and hasattr(processor, "save_pretrained"):
         processor.save_pretrained(str(output_dir))
+
+
+MERGED_DIR = "merged"
+
+
+def save_final_extras(spec: JobSpec, model: nn.Module, processor: Any, output_dir: Path) -> None:
+    """What follows the final model (main process only): the processor and, for ``adapter.merge``,
+    the base with the adapter folded in, a plain transformers model in ``merged/``.
+
+    Merging rewrites the base weights in place, so this comes after every other use of ``model``.
+    """
+    save_processor(processor, output_dir)
+    if spec.adapter is None or not spec.adapter.merge:
+        return
+    merged = model.merge_and_unload()  # type: ignore[operator]
+    merged.save_pretrained(str(output_dir / MERGED_DIR))
+    save_processor(processor, output_dir / MERGED_DIR)

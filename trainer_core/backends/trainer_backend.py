@@ -31,8 +31,9 @@ from trainer_core.backends.common import (
     build_scheduler,
     build_training_model,
     column_lengths,
+    eval_values,
     plan_steps,
-    save_processor,
+    save_final_extras,
     train_summary,
     world_size,
 )
@@ -122,6 +123,10 @@ class _RunCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         values = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_BOOKKEEPING}
+        if self.ctx.spec.task == "causal-lm" and "eval_loss" in values:
+            values = eval_values(self.ctx.spec, None, None, 0, values["eval_loss"])
+            if metrics is not None:  # what trainer.evaluate() returns, and trackers log, has it too
+                metrics.update(values)
         self.events.evaluated(state.global_step, state.epoch, values)
 
     def on_save(
@@ -188,16 +193,17 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
         preds = np.asarray(prediction.predictions)
         return compute_metrics(list(spec.metrics), preds, np.asarray(prediction.label_ids), num_labels)
 
+    language_model = spec.task == "causal-lm"  # scored by its loss: Trainer then keeps no logits
     trainer = _SeededOrderTrainer(
         model=model,
         args=args,
         data_collator=data.collator,
         train_dataset=data.train,
         eval_dataset=data.eval,
-        compute_metrics=metrics_fn,
+        compute_metrics=None if language_model else metrics_fn,
         callbacks=[callback],
         optimizers=(optimizer, scheduler),
-        preprocess_logits_for_metrics=_argmax_logits,
+        preprocess_logits_for_metrics=None if language_model else _argmax_logits,
         train_lengths=lengths,
         eval_lengths=eval_lengths,
     )
@@ -218,7 +224,7 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
         trainer.evaluate()
     trainer.save_model(str(ctx.output_dir))
     if trainer.is_world_process_zero():
-        save_processor(data.processor, ctx.output_dir)
+        save_final_extras(spec, model, data.processor, ctx.output_dir)
     final_eval = callback.events.last_eval
     return BackendResult(status="succeeded", global_step=global_step, eval_metrics=final_eval, train=train)
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from accelerate import init_empty_weights
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 from transformers.modeling_utils import PreTrainedModel  # eager: warms up what the first estimate needs
 from transformers.pytorch_utils import Conv1D
 
@@ -37,8 +37,6 @@ logger = logging.getLogger(__name__)
 # Modules whose weights autocast casts to 16-bit for their matmul/conv (norms and embeddings stay fp32).
 _AUTOCAST_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
 
-# The engine builds no causal LM yet (issue 14's training half); the estimator already does.
-_BUILD_CLASSES: dict[str, Any] = {**MODEL_CLASSES, "causal-lm": AutoModelForCausalLM}
 
 # A source key says where a config comes from: ("config", json), ("dir", path, mtime), ("catalog", id)
 # or ("hub", id, revision). It is what the cache is keyed by, together with task and label count.
@@ -174,7 +172,7 @@ def build_structure(key: SourceKey, task: str, num_labels: int) -> ModelStructur
             setattr(config, name, value)
     try:
         with _META_BUILD_LOCK, init_empty_weights():
-            model: PreTrainedModel = _BUILD_CLASSES[task].from_config(config, dtype=MASTER_DTYPE)
+            model: PreTrainedModel = MODEL_CLASSES[task].from_config(config, dtype=MASTER_DTYPE)
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):  # no class of this type for the task
             message = f"{config.model_type} models cannot be trained for {task}"

@@ -1,16 +1,14 @@
-"""Tiny Llama-, Qwen2- and GPT-2-shaped causal LMs built for real: full, with PEFT LoRA, or with a
-bitsandbytes 4-bit base through transformers' ``BitsAndBytesConfig`` (which runs on the CPU)."""
+"""Tiny Llama-, Qwen2- and GPT-2-shaped causal LMs built for real by the engine (``trainer_core.adapters``):
+full, with PEFT LoRA, or with a bitsandbytes 4-bit base (which runs on the CPU)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-from trainer_core.modeling import config_from_dict
+from trainer_core.memory_report import parameter_tensors, storage_bytes
 from trainer_core.spec import JobSpec
 
 # intermediate 256: down_proj's lora_A (16 x 256) takes bnb's 8-bit path (>= 4096 elements), the rest 32-bit.
@@ -30,52 +28,15 @@ LLM_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": torch.float32}
-
-
-def build_llm(arch: str, spec: JobSpec, tmp: Path) -> nn.Module:
-    """The model ``spec`` describes, as a run would build it (seeded)."""
-    from peft import LoraConfig, get_peft_model
+def build_llm(spec: JobSpec) -> nn.Module:
+    """The model ``spec`` describes, built by the engine's own code as a run builds it (seeded)."""
+    from trainer_core.adapters import build_base_model, with_adapter
+    from trainer_core.modeling import build_model
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_from_dict(dict(LLM_CONFIGS[arch])))
-    adapter = spec.adapter
-    if adapter is None:
-        return model
-    base_dtype = _DTYPES[spec.efficiency.mixed_precision]
-    if adapter.type == "qlora":
-        model.save_pretrained(tmp)
-        quant = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=adapter.double_quant,
-            bnb_4bit_compute_dtype=_DTYPES[adapter.compute_dtype],
-        )  # fmt: skip
-        model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=quant, dtype=base_dtype)
-    else:
-        model = model.to(base_dtype)
-    config = LoraConfig(
-        r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
-        target_modules=adapter.target_modules, task_type="CAUSAL_LM",
-    )  # fmt: skip
-    return get_peft_model(model, config)
+    if spec.adapter is None:
+        return build_model(spec.task, spec.model, [])
+    return with_adapter(spec, build_base_model(spec, []), checkpointing=False)
 
 
-def storage_bytes(tensors: list[torch.Tensor]) -> int:
-    """Bytes of ``tensors``, each storage once (tied weights share one)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
-    return sum(seen.values())
-
-
-def parameter_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """Every parameter, and for 4-bit weights their quantisation state (absmax, codes, nested state)."""
-    out: list[torch.Tensor] = []
-    for param in model.parameters():
-        out.append(param)
-        state = getattr(param, "quant_state", None)
-        if state is not None:
-            out += [state.absmax, state.code]
-            if state.nested:
-                out += [state.offset, state.state2.absmax, state.state2.code]
-    return out
+__all__ = ["LLM_CONFIGS", "build_llm", "parameter_tensors", "storage_bytes"]

@@ -35,7 +35,7 @@ def test_causal_lm_activations_match_saved_tensors(
     })  # fmt: skip
     parts = {p.name: p.bytes for p in estimate_memory(spec).parts}
     estimated = parts["activations"] + parts["autocast_copies"] + parts["logits_fp32"]
-    model = build_llm("calibration", spec, tmp_path).train()
+    model = build_llm(spec).train()
     ids = torch.randint(0, 1000, (B, S), generator=torch.Generator().manual_seed(0))
     storages: dict[int, int] = {}
 

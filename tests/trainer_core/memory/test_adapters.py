@@ -36,7 +36,7 @@ def measure(arch: str, spec: JobSpec, tmp: Path) -> tuple[int, int, int, int]:
     """(parameter bytes, trainable numel, gradient bytes, optimizer state bytes) after one real step."""
     from trainer_core.torch_optim import optimizer_state_bytes
 
-    model = build_llm(arch, spec, tmp)
+    model = build_llm(spec)
     params = storage_bytes(parameter_tensors(model))
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model, spec.optimizer, 1e-3, 0.01)

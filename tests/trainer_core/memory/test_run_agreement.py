@@ -62,3 +62,27 @@ def test_image_and_audio_runs_match_the_estimate(tmp_path: Path, modality: str, 
         spec, labels = parse_spec(datagen.tiny_audio_spec(data, **sections)), 2  # low / high
     values = run_memory_event(spec, tmp_path / "out")
     assert values["optimizer_state_bytes"] == estimate_memory(spec, num_labels=labels).optimizer_state_bytes
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("kind", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adamw_8bit"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_lm_runs_match_the_estimate(tmp_path: Path, backend: str, optimizer: str, kind: str, arch: str) -> None:
+    """Parameters (a 4-bit base with its quantisation state), gradients and optimizer state of the live
+    model after its first step, as the memory event reports them, equal the estimate."""
+    from tests.trainer_core.llm_runs import counting_data, llm_spec, run_llm
+
+    # r 16: down_proj's lora_A (16 x 256) is large enough for bnb's 8-bit state, the rest stays 32-bit
+    adapter = {} if kind == "full" else {"adapter": {"r": 16}}
+    spec = llm_spec(
+        arch, kind, backend, optimizer={"name": optimizer},
+        training={"max_steps": 1, "logging_steps": 1, "eval_strategy": "no"}, **adapter,
+    )  # fmt: skip
+    result, events = run_llm(spec, tmp_path / "out", counting_data(8, 0))
+    assert result.status == "succeeded"
+    (memory,) = events.of_kind("memory")
+    values, estimate = memory["values"], estimate_memory(spec)
+    assert values["parameter_bytes"] == estimate.parameter_bytes
+    assert values["gradient_bytes"] == estimate.gradient_bytes
+    assert values["optimizer_state_bytes"] == estimate.optimizer_state_bytes
