@@ -4,6 +4,7 @@ queue (saying why) until its first ends, while another owner's job starts meanwh
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,15 @@ pytestmark = pytest.mark.slow
 FINISHED = {"succeeded", "failed", "cancelled"}
 
 
+def wait_warmed_up(client: httpx.Client, timeout: float = 600) -> None:
+    """Until the API has imported the training stack (a submit meanwhile may meet it half-imported on a
+    loaded machine, see api/preflight.py)."""
+    deadline = time.monotonic() + timeout
+    while not client.get("/readyz").json().get("warmed_up"):
+        assert time.monotonic() < deadline, "the API did not warm up"
+        time.sleep(0.5)
+
+
 @pytest.fixture(params=["embedded", "postgres-redis"])
 def capped_service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveService]:
     with started_service(request.param, tmp_path, TRAINJOBS_MAX_RUNNING_PER_OWNER="1") as live:
@@ -36,6 +46,7 @@ def test_an_owners_second_job_waits_for_its_first_while_others_start(capped_serv
     short = {**quick_spec(files), "queue": service.queue}
     bob = httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {bob_key}"}, timeout=120)
     with service.client(timeout=120) as alice, bob:
+        wait_warmed_up(alice)
         # Long enough to outlast everything below; cancelled at the end.
         created = alice.post("/v1/jobs", json={**quick_spec(files, num_train_epochs=200), "queue": service.queue})
         assert created.status_code == 201, created.text
