@@ -4,7 +4,8 @@ A job runs on a worker with the service's file system and network, so a spec mus
 ``/etc/passwd``, ``../other-owner``, ``file://`` or an internal address. Rules, per string field
 that can name a location (model and tokenizer paths, ``dataset.path``, ``data_files``, ``data_dir``):
 
-- ``scheme://`` URLs: ``http(s)`` only to public addresses (checked after DNS resolution), and the
+- ``scheme://`` URLs: ``http(s)`` only to public addresses (checked after DNS resolution, by the rule
+  in trainer_core/net_guard.py that the run applies again when it fetches), and the
   remote-storage schemes the `datasets` library reads (``hf``, ``s3``, ``gs``...); ``file://`` and
   anything else is refused.
 - Absolute paths must lie under the data root; ``..`` is refused everywhere. Uploaded datasets live
@@ -16,10 +17,8 @@ that can name a location (model and tokenizer paths, ``dataset.path``, ``data_fi
 
 from __future__ import annotations
 
-import ipaddress
 import posixpath
 import re
-import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 from api.globs import Roots, local_problem
 from api.uploads import UPLOADS_DIR
 from service_core.db.models import Dataset
+from trainer_core.net_guard import host_problem
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -36,44 +36,6 @@ HTTP_SCHEMES = frozenset({"http", "https"})
 # "name" or "org/name": what the hub accepts as a model or dataset id.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 FOLDER_FORMATS = frozenset({"imagefolder", "audiofolder"})
-
-
-# Cloud metadata services by name (they answer at link-local addresses that the worker's resolver
-# may know while this process cannot resolve them): credentials live there.
-METADATA_HOSTS = frozenset(
-    {"metadata", "metadata.google.internal", "metadata.goog", "instance-data", "instance-data.ec2.internal",
-     "metadata.azure.com", "metadata.packet.net", "metadata.platformequinix.com", "169.254.169.254.nip.io"}
-)  # fmt: skip
-# Suffixes that only name hosts on a private network (RFC 6761/6762/8375 and cluster DNS).
-INTERNAL_SUFFIXES = (".internal", ".local", ".localdomain", ".lan", ".home.arpa", ".svc", ".cluster.local", ".intranet")
-
-
-def address_problem(host: str) -> str | None:
-    """Why ``host`` must not be fetched by a worker (loopback, private, link-local...), or None."""
-    name = host.strip("[]").lower().rstrip(".")
-    if not name:
-        return "has no host"
-    if name == "localhost" or name.endswith(".localhost"):
-        return "points at this machine"
-    if name in METADATA_HOSTS:
-        return "is a cloud metadata service"
-    if name.endswith(INTERNAL_SUFFIXES):
-        return "is a private network name"
-    if "." not in name and ":" not in name and not name.isdigit():
-        # A single label is resolved through the worker's search domains: an internal service.
-        return "is a single-label (internal) name; use a fully qualified public host"
-    try:
-        addresses = [ipaddress.ip_address(name)]
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
-        except OSError:
-            return None  # unresolvable here: the fetch fails on the worker, reaching nothing internal
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-    for address in addresses:
-        if not address.is_global or address.is_multicast:
-            return f"resolves to the non-public address {address}"
-    return None
 
 
 class _Checker:
@@ -128,7 +90,7 @@ class _Checker:
         if scheme not in HTTP_SCHEMES:
             self.fail(field, f"`{scheme}://` is not allowed; use a path under the data root or an http(s) URL")
             return value
-        problem = address_problem(urlsplit(value).hostname or "")
+        problem = host_problem(urlsplit(value).hostname or "")
         if problem:
             self.fail(field, f"URL host {problem}")
         return value

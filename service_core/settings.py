@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # When set, GET /metrics needs `Authorization: Bearer <this token>` (unset: open, keep it private).
     # Per-owner quotas (0: none). Rates are per API process; over a quota: 429 with Retry-After.
     max_queued_per_owner: int = Field(default=10_000, ge=0, validation_alias="TRAINJOBS_MAX_QUEUED_PER_OWNER")
+    # Jobs of one owner running at once, all workers together (0: as many as there are slots). Enforced
+    # by the worker's claim (worker/running_cap.py): a job over it waits in the queue, it is not refused.
+    max_running_per_owner: int = Field(default=0, ge=0, validation_alias="TRAINJOBS_MAX_RUNNING_PER_OWNER")
     submits_per_minute: int = Field(default=3000, ge=0, validation_alias="TRAINJOBS_SUBMITS_PER_MINUTE")
     uploads_per_minute: int = Field(default=60, ge=0, validation_alias="TRAINJOBS_UPLOADS_PER_MINUTE")
     metrics_token: str | None = Field(default=None, validation_alias="TRAINJOBS_METRICS_TOKEN")

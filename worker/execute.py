@@ -35,6 +35,7 @@ from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
 from worker.recovery import LOST_WORKER_MESSAGE, requeue_or_fail
 from worker.restarts import RESTARTABLE, max_restarts, restarts_used, rewind_metrics
+from worker.running_cap import hold, lock_owner_claims, resend_waiting, running_count, waiting_message
 from worker.supervisor import supervise_run
 
 log = logging.getLogger(__name__)
@@ -53,17 +54,25 @@ def session_factory(settings: Settings) -> Callable[[], Any]:
     return factory
 
 
-def claim_job(session: Session, job_id: str, lease_s: float = 60.0) -> int | None:
+def claim_job(session: Session, job_id: str, lease_s: float = 60.0, max_running: int = 0) -> int | None:
     """Move a queued job to running for this worker process, with a lease of ``lease_s``.
 
     Returns the attempt number it claimed (the fencing token of every later write), or None when
-    the job is not queued any more.
+    the job is not queued any more, or when its owner already runs ``max_running`` jobs (0: no cap):
+    then the job stays queued, held until one of them ends (:mod:`worker.running_cap`).
     """
+    owner = lock_owner_claims(session, job_id) if max_running > 0 else None
     moved = transition(
         session, job_id, JobStatus.running, expect=JobStatus.queued, attempts=Job.attempts + 1,
         worker=worker_name(), pid=os.getpid(), lease_expires_at=utcnow() + timedelta(seconds=lease_s),
+        waiting_reason=None,
     )  # fmt: skip
     if not moved:
+        return None
+    if owner is not None and (running := running_count(session, owner, excluding=job_id)) >= max_running:
+        session.rollback()  # the claim, its event and the owner's lock
+        hold(session, job_id, waiting_message(owner, running, max_running))
+        log.info("job %s: held, %s runs %d jobs (TRAINJOBS_MAX_RUNNING_PER_OWNER)", job_id, owner, running)
         return None
     return int(session.execute(select(Job.attempts).where(Job.id == job_id)).scalar_one())
 
@@ -89,6 +98,21 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     claimed = retry_database(lambda: claim(job_id, settings), f"job {job_id}: claim", CLAIM_BUDGET_S)
     if claimed is None:
         return None
+    try:
+        return run_claimed(job_id, settings, claimed, should_stop)
+    finally:
+        if settings.max_running_per_owner > 0:  # a place under the cap may be free: send who waits for it
+            try:
+                resend_waiting(settings)
+            except Exception:  # the sweep sends them later
+                log.exception("job %s: sending jobs held by the running-jobs cap failed", job_id)
+
+
+def run_claimed(
+    job_id: str, settings: Settings, claimed: tuple[int, dict[str, Any], dict[str, Any] | None],
+    should_stop: Callable[[], bool],
+) -> str | None:  # fmt: skip
+    """Run a claimed job (its attempt, spec and estimate) and record how it ended (see execute_job)."""
     attempt, spec, estimate = claimed
     paths = run_paths(job_id, settings)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +189,7 @@ def prepare_resume(job_id: str, settings: Settings, paths: RunPaths, attempt: in
 def claim(job_id: str, settings: Settings) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
     """Claim the job; its attempt, spec and estimate, or None when this delivery is not the one to run it."""
     with session_scope(settings.database_url) as session:
-        attempt = claim_job(session, job_id, settings.lease_seconds)
+        attempt = claim_job(session, job_id, settings.lease_seconds, settings.max_running_per_owner)
         if attempt is None:
             status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
             log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)

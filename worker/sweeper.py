@@ -13,6 +13,8 @@ of the first one; the same on SQLite and PostgreSQL). The holder:
    crash between INSERT and send, a SIGKILLed slot on the embedded broker, a Redis without
    persistence). At most one job per idle slot, so a long queue gets no pile of duplicates; the claim
    ignores the duplicates there are.
+3. sends jobs held back by the per-owner running-jobs cap again, for owners with free places
+   (worker/running_cap.py; a slot whose run ends does it at once, this is for one that died first).
 
 Each worker also writes its own row in ``workers`` every ``TRAINJOBS_LEASE_RENEW_SECONDS``: its
 queues, slots, how many run a job, and since when one has been idle.
@@ -37,6 +39,7 @@ from service_core.settings import Settings
 from service_core.status import JobStatus
 from worker.paths import worker_name
 from worker.recovery import recover_orphaned_jobs
+from worker.running_cap import resend_waiting
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +127,8 @@ def redeliver_lost_messages(settings: Settings, now: datetime | None = None) -> 
     picked: list[tuple[str, str, int, datetime | None]] = []
     with session_scope(settings.database_url) as session:
         never_sent = select(Job.id, Job.queue, Job.priority, Job.enqueued_at).where(
-            *queued, Job.enqueued_at.is_(None), Job.queue.in_(sorted(served))
-        )
+            *queued, Job.enqueued_at.is_(None), Job.waiting_reason.is_(None), Job.queue.in_(sorted(served))
+        )  # held jobs (the running-jobs cap) are sent by resend_waiting, as places free up
         picked.extend(session.execute(never_sent).tuples())
         for queue, slots in idle.items():
             stale = (select(Job.id, Job.queue, Job.priority, Job.enqueued_at)
@@ -156,7 +159,7 @@ def sweep(settings: Settings, *, recover: bool = True) -> dict[str, Any]:
     recovered = recover_orphaned_jobs(settings) if recover else {}
     if recovered:
         log.warning("recovered jobs of lost workers: %s", recovered)
-    return {"recovered": recovered, "redelivered": redeliver_lost_messages(settings)}
+    return {"recovered": recovered, "redelivered": redeliver_lost_messages(settings) + resend_waiting(settings)}
 
 
 class Sweeper:

@@ -93,6 +93,11 @@ class JobSummary(BaseModel):
     final_metrics: dict[str, Any] | None
     memory: MemoryComparison
     error: JobError | None
+    waiting: str | None = Field(
+        default=None,
+        description="Why a queued job has not started although workers take jobs, when the service holds it "
+        "back (its owner's running-jobs cap, TRAINJOBS_MAX_RUNNING_PER_OWNER); null otherwise.",
+    )
     attempts: int
     retries: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -149,6 +154,7 @@ def summary_fields(job: Job) -> dict[str, Any]:
         final_metrics=job.final_metrics,
         memory=MemoryComparison(estimated=estimated, measured=job.measured_memory),
         error=error,
+        waiting=job.waiting_reason if job.status == JobStatus.queued.value else None,
         attempts=job.attempts,
         cancel_requested=job.cancel_requested,
         created_at=job.created_at,

@@ -104,6 +104,9 @@ class Job(Base):
     # The outbox mark: when the newest queue message for this job was sent (the submit stamps it in
     # its INSERT); NULL means never sent. The sweep re-sends a queued job whose message looks lost.
     enqueued_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Why a queued job is held back instead of sent (its owner's running-jobs cap): shown by the API,
+    # cleared when the job is sent again (worker/running_cap.py).
+    waiting_reason: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class Lease(Base):

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.paths import address_problem, check_spec_locations
+from api.paths import check_spec_locations
 from tests.api.conftest import Keys, make_spec
+from trainer_core.net_guard import host_problem as address_problem
 from trainer_core.spec import JobSpec, SpecError
 
 ROOT = Path("/srv/data")

@@ -78,9 +78,9 @@ JobFactory = Callable[..., str]
 def make_job() -> JobFactory:
     """Insert a job row (queued unless told otherwise) and return its id."""
 
-    def factory(settings: Settings, spec: dict[str, Any] | None = None, **fields: Any) -> str:
+    def factory(settings: Settings, spec: dict[str, Any] | None = None, owner: str = "alice", **fields: Any) -> str:
         with session_scope(settings.database_url) as session:
-            job = Job(owner="alice", name=(spec or {}).get("name", "job"), spec=spec or {}, **fields)
+            job = Job(owner=owner, name=(spec or {}).get("name", "job"), spec=spec or {}, **fields)
             session.add(job)
             session.flush()
             return job.id

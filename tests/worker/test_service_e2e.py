@@ -39,17 +39,17 @@ def redis_cleanup(queue: str) -> None:
 
 
 @contextmanager
-def started_service(kind: str, tmp_path: Path) -> Iterator[LiveService]:
-    """A live service on the embedded default or on PostgreSQL + Redis, each with fresh state."""
+def started_service(kind: str, tmp_path: Path, **env: str) -> Iterator[LiveService]:
+    """A live service on the embedded default or on PostgreSQL + Redis, each with fresh state (and ``env``)."""
     home = tmp_path / "var"
     home.mkdir()
     queue = f"e2e-{uuid.uuid4().hex[:8]}"
     if kind == "embedded":
-        with live_service(make_settings(home), queue, tmp_path / "logs") as live:
+        with live_service(make_settings(home, **env), queue, tmp_path / "logs") as live:
             yield live
         return
     name, url = create_pg_database("trainjobs_e2e")
-    settings = make_settings(home, DATABASE_URL=url, BROKER_URL=f"redis://127.0.0.1:6379/{REDIS_DB}")
+    settings = make_settings(home, DATABASE_URL=url, BROKER_URL=f"redis://127.0.0.1:6379/{REDIS_DB}", **env)
     try:
         with live_service(settings, queue, tmp_path / "logs") as live:
             yield live

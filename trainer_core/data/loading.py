@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import datasets
 from datasets import Audio, ClassLabel, Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetNotFoundError
 
+from trainer_core.net_guard import guarded_resolution, host_problem
 from trainer_core.spec import DatasetSpec, FieldError, JobSpec, SpecError
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,30 @@ def _source_field(ds: DatasetSpec) -> str:
     return "dataset.data_dir" if ds.data_dir is not None else "dataset.path"
 
 
+def _urls(value: Any, field: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str) and value.lower().startswith(("http://", "https://")):
+        yield value, field
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _urls(item, f"{field}.{i}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _urls(item, f"{field}.{key}")
+
+
+def checked_url_hosts(ds: DatasetSpec) -> set[str]:
+    """The hosts of the dataset's http(s) URLs, each resolved now and refused (SpecError naming the
+    field) when it is or resolves to an internal address: the submit's check again, at fetch time."""
+    hosts: set[str] = set()
+    for key in ("path", "data_files", "data_dir"):
+        for url, field in _urls(getattr(ds, key), f"dataset.{key}"):
+            host = urlsplit(url).hostname or ""
+            if problem := host_problem(host):
+                raise spec_error(field, f"URL host {host} {problem} at fetch time: refused, nothing was requested")
+            hosts.add(host)
+    return hosts
+
+
 def load_raw(spec: JobSpec) -> DatasetDict:
     """``datasets.load_dataset`` on the spec's path, data files, data dir and configuration name.
 
@@ -61,10 +87,16 @@ def load_raw(spec: JobSpec) -> DatasetDict:
         # Folder-per-class layout: the builder yields the file path and the folder name as label.
         kwargs["features"] = Features({"audio": Value("string"), "label": Value("string")})
         kwargs["drop_labels"] = False
-    try:
-        loaded = datasets.load_dataset(ds.path, **{k: v for k, v in kwargs.items() if v is not None})
-    except (FileNotFoundError, DatasetNotFoundError) as exc:
-        raise spec_error(_source_field(ds), f"cannot load dataset {ds.path!r}: {exc}") from exc
+    hosts = checked_url_hosts(ds)
+    with guarded_resolution(hosts) as refused:
+        try:
+            loaded = datasets.load_dataset(ds.path, **{k: v for k, v in kwargs.items() if v is not None})
+        except (FileNotFoundError, DatasetNotFoundError) as exc:
+            raise spec_error(_source_field(ds), f"cannot load dataset {ds.path!r}: {exc}") from exc
+        except Exception as exc:
+            if refused:  # the fetching client's own resolution answered an internal address
+                raise spec_error(_source_field(ds), f"URL host {refused[0]} at fetch time: refused") from exc
+            raise
     if not isinstance(loaded, DatasetDict):
         raise spec_error("dataset.path", f"expected a dataset with splits, got {type(loaded).__name__}")
     if spec.task == "audio-classification":
