@@ -6,6 +6,9 @@ batch removes at most ``batch_rows`` rows by primary key (found through the ``jo
 indexes), commits, and moves on. Only jobs in a terminal status whose ``finished_at`` is older than the
 cutoff are touched (``ix_jobs_finished``); a running or queued job is never collected, whatever its age.
 
+The running totals of finished jobs (``job_totals``, behind ``/metrics``' counters) are not touched:
+a collected job stays counted, so no Prometheus counter goes back.
+
 With ``keep_artifacts`` the job rows and their artifacts stay (so a trained model can still be
 downloaded, with the job's final metrics); only the bulky history (points and events) goes.
 """

@@ -1,8 +1,11 @@
 """``GET /metrics``: the service in Prometheus text format.
 
-Job figures (jobs by status, queue depth, job duration, busy worker slots) are read from the database
-at scrape time, since the database is the source of truth and several API processes may serve
-scrapes. Request latency is measured in-process by :class:`RequestMetricsMiddleware`.
+Job figures are read from the database at scrape time, since the database is the source of truth and
+several API processes may serve scrapes: gauges of the live jobs (queued and running, queue depth, busy
+worker slots) counted by index, and counters of finished jobs (by terminal status, and the run-time
+histogram) from running totals kept as jobs finish, so a scrape costs the same at 100 jobs or 100,000
+and ``trainjobs gc`` never makes a counter go back. Request latency is measured in-process by
+:class:`RequestMetricsMiddleware`.
 
 The figures name queues and workers, so ``TRAINJOBS_METRICS_TOKEN`` (when set) makes a scrape send
 ``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials: ...}``); without it,
@@ -18,9 +21,9 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,12 +31,21 @@ from api.auth import bearer_key
 from api.deps import get_sessionmaker_for
 from api.problems import Problem
 from service_core.db.models import Job
-from service_core.status import JobStatus
+from service_core.db.totals import (
+    DURATION_BUCKETS,
+    DURATION_SUM,
+    INF_LABEL,
+    bucket_key,
+    bucket_label,
+    finished_key,
+    read_totals,
+)
+from service_core.status import TERMINAL_STATUSES, JobStatus
 
 router = APIRouter(tags=["observability"])
 _METRICS_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="trainjobs-metrics"'}
 
-DURATION_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 24 * 3600.0, 72 * 3600.0)
+LIVE_STATUSES = (JobStatus.queued.value, JobStatus.running.value)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -96,70 +108,62 @@ def install_metrics(app: FastAPI) -> None:
 
 
 class JobsCollector(Collector):
-    """Job figures from one database snapshot, taken when the collector is built."""
+    """Job figures from one database snapshot, taken when the collector is built.
+
+    What a scrape reads does not grow with the history: the live jobs (queued and running, through
+    ``ix_jobs_status_created``) and the running totals of finished ones (``service_core.db.totals``).
+    """
 
     def __init__(self, session: Session):
-        by_status = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).tuples().all())
-        self.by_status = {s.value: int(by_status.get(s.value, 0)) for s in JobStatus}
-        self.queue_depth = dict(
-            session.execute(
-                select(Job.queue, func.count()).where(Job.status == JobStatus.queued.value).group_by(Job.queue)
-            )
-            .tuples()
-            .all()
+        live = (
+            select(Job.status, Job.queue, Job.worker, func.count())
+            .where(Job.status.in_(LIVE_STATUSES))
+            .group_by(Job.status, Job.queue, Job.worker)
         )
+        self.live = dict.fromkeys(LIVE_STATUSES, 0)
+        self.queue_depth: dict[str, int] = {}
         self.busy: dict[str, int] = {}
-        running = select(Job.worker, func.count()).where(Job.status == JobStatus.running.value).group_by(Job.worker)
-        for worker, count in session.execute(running).tuples():
-            key = worker or "unknown"
-            self.busy[key] = self.busy.get(key, 0) + int(count)
-        # Bucket counts and the sum in one aggregate query: a scrape reads a row, not every job ever run.
-        seconds = run_seconds(session)
-        bounds = (*DURATION_BUCKETS, float("inf"))
-        counts = [func.coalesce(func.sum(case((seconds <= bound, 1), else_=0)), 0) for bound in DURATION_BUCKETS]
-        row = session.execute(
-            select(func.count(), func.coalesce(func.sum(seconds), 0.0), *counts).where(
-                Job.started_at.is_not(None), Job.finished_at.is_not(None)
-            )
-        ).one()
-        self.duration_count = int(row[0])
-        self.duration_sum = float(row[1])
-        self.duration_buckets = [*(int(c) for c in row[2:]), self.duration_count]
-        self.duration_bounds = bounds
+        for status, queue, worker, count in session.execute(live).tuples():
+            self.live[status] += count
+            if status == JobStatus.queued.value:
+                self.queue_depth[queue] = self.queue_depth.get(queue, 0) + count
+            else:
+                key = worker or "unknown"
+                self.busy[key] = self.busy.get(key, 0) + count
+        self.totals = read_totals(session)
 
     def collect(self) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily("trainjobs_jobs", "Jobs by status.", labels=["status"])
-        for status, count in self.by_status.items():
+        jobs = GaugeMetricFamily("trainjobs_jobs", "Jobs queued or running now.", labels=["status"])
+        for status, count in self.live.items():
             jobs.add_metric([status], count)
         yield jobs
+        finished = CounterMetricFamily(
+            "trainjobs_jobs_finished", "Jobs that reached each terminal status (kept across gc).", labels=["status"]
+        )
+        for terminal in sorted(TERMINAL_STATUSES):
+            finished.add_metric([terminal.value], self.totals.get(finished_key(terminal), 0.0))
+        yield finished
         depth = GaugeMetricFamily("trainjobs_queue_depth", "Queued jobs waiting per queue.", labels=["queue"])
         for queue, count in sorted(self.queue_depth.items()):
-            depth.add_metric([queue], int(count))
+            depth.add_metric([queue], count)
         yield depth
         busy = GaugeMetricFamily("trainjobs_worker_slots_busy", "Running jobs per worker.", labels=["worker"])
         for worker, count in sorted(self.busy.items()):
-            busy.add_metric([worker], int(count))
+            busy.add_metric([worker], count)
         yield busy
         yield self._duration_histogram()
 
     def _duration_histogram(self) -> HistogramMetricFamily:
-        buckets = [
-            ("+Inf" if bound == float("inf") else repr(bound), float(count))
-            for bound, count in zip(self.duration_bounds, self.duration_buckets, strict=True)
-        ]
+        buckets, cumulative = [], 0.0
+        for label in (*(bucket_label(b) for b in DURATION_BUCKETS), INF_LABEL):
+            cumulative += self.totals.get(bucket_key(label), 0.0)
+            buckets.append((label, cumulative))
         return HistogramMetricFamily(
             "trainjobs_job_duration_seconds",
-            "Run time of finished jobs (start to end).",
+            "Run time of finished jobs (start to end; kept across gc).",
             buckets=buckets,
-            sum_value=self.duration_sum,
+            sum_value=self.totals.get(DURATION_SUM, 0.0),
         )
-
-
-def run_seconds(session: Session) -> ColumnElement[Any]:
-    """``finished_at - started_at`` in seconds, as SQL for the session's database."""
-    if session.get_bind().dialect.name == "sqlite":
-        return (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
-    return func.extract("epoch", Job.finished_at - Job.started_at)
 
 
 @router.get("/metrics", include_in_schema=False)

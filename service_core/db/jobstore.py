@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from service_core.db.base import utcnow
 from service_core.db.models import Job, JobEvent
 from service_core.db.session import allocate_seqs
+from service_core.db.totals import count_finish
 from service_core.status import ErrorReason, JobStatus, can_transition
 
 
@@ -135,8 +136,9 @@ def transition(
     where = [Job.id == job_id, Job.status == current_status.value, *conditions]
     if attempt is not None:
         where.append(Job.attempts == attempt)
-    result = session.execute(update(Job).where(*where).values(**values))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    # RETURNING the start the row holds after the move: the run time a finish adds to the totals.
+    moved = session.execute(update(Job).where(*where).values(**values).returning(Job.started_at)).one_or_none()
+    if moved is None:
         return False
     data: dict[str, Any] = {"status": new.value, "previous": current_status.value}
     if reason is not None:
@@ -144,4 +146,7 @@ def transition(
     if message is not None:
         data["message"] = message
     add_events(session, job_id, [("status", data, now)])
+    if new.terminal:
+        # Last, so the shared totals rows stay locked for as short a time as the transaction allows.
+        count_finish(session, new, moved.started_at, now)
     return True

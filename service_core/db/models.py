@@ -109,6 +109,20 @@ class Job(Base):
     waiting_reason: Mapped[str | None] = mapped_column(Text, default=None)
 
 
+class JobTotal(Base):
+    """A running total over every job that ever finished (``service_core.db.totals`` names the keys).
+
+    Maintained in the transaction of each move to a terminal status and never decreased, so a
+    Prometheus scrape reads a few rows instead of the whole history, and retention cannot rewind it.
+    """
+
+    __tablename__ = "job_totals"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Double precision: counts stay exact up to 2**53; the duration sum is in seconds.
+    value: Mapped[float] = mapped_column(Float, default=0.0)
+
+
 class Lease(Base):
     """A named lease one process holds at a time (the sweeper's): taken when free or expired."""
 

@@ -36,6 +36,17 @@ def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
         if pool_size is not None:
             kwargs["pool_size"] = pool_size
     engine = create_engine(url, **kwargs)
+    if url.startswith("postgresql"):
+
+        @event.listens_for(engine, "connect")
+        def _custom_plans(dbapi_conn: Any, _record: Any) -> None:
+            # psycopg prepares a statement on its fifth run, and PostgreSQL then may plan it once for
+            # any parameters. Without the values, the deep keyset page (owner, cursor) looks like 33
+            # rows and becomes "every older job of the owner, then sort": a cost that grows with the
+            # history (bench/bench_history.py, history_plans.py). A plan per execution costs ~0.1 ms.
+            dbapi_conn.execute("SET plan_cache_mode = force_custom_plan")
+            dbapi_conn.commit()  # left in a transaction, the pool's rollback on return would undo it
+
     if url.startswith("sqlite"):
 
         @event.listens_for(engine, "connect")

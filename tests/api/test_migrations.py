@@ -15,6 +15,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
 from service_core.db.base import Base
+from service_core.db.totals import bucket_key, duration_bucket, finished_key
+from service_core.status import JobStatus
 from tests.api.conftest import PG_SERVER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,4 +110,46 @@ def test_history_indexes_added_over_existing_jobs_and_removed_by_downgrade(empty
 
     command.downgrade(config, "0001")
     assert not set(HISTORY_INDEXES) & set(jobs_indexes(empty_database))
+    engine.dispose()
+
+
+# 0006 (job totals): the running totals behind /metrics, filled from the jobs already stored.
+def test_job_totals_filled_from_existing_jobs_and_removed_by_downgrade(empty_database: str) -> None:
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0004")
+    engine = create_engine(empty_database)
+    rows = [  # (id, status, started_at, finished_at): a 45 s run, a 2 h run, a cancel while queued, a live one
+        ("j1", "succeeded", "2026-01-01 00:00:00+00:00", "2026-01-01 00:00:45+00:00"),
+        ("j2", "failed", "2026-01-01 00:00:00+00:00", "2026-01-01 02:00:00+00:00"),
+        ("j3", "cancelled", None, "2026-01-01 00:00:00+00:00"),
+        ("j4", "running", "2026-01-01 00:00:00+00:00", None),
+    ]
+    with engine.begin() as conn:
+        for job_id, status, started, finished in rows:
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, owner, name, status, queue, priority, spec, created_at, updated_at, "
+                    "started_at, finished_at, progress_step, attempts, cancel_requested, last_seq) VALUES (:id, "
+                    "'alice', 'n', :status, 'default', 0, '{}', '2026-01-01 00:00:00+00:00', "
+                    "'2026-01-01 00:00:00+00:00', :started, :finished, 0, 0, false, 0)"
+                ),
+                {"id": job_id, "status": status, "started": started, "finished": finished},
+            )
+    command.upgrade(config, "0006")
+    with engine.connect() as conn:
+        totals = dict(conn.execute(text("SELECT key, value FROM job_totals")).tuples().all())
+    # The keys and buckets the running code maintains (service_core.db.totals).
+    assert {key: value for key, value in totals.items() if key != "duration_sum"} == {
+        finished_key(JobStatus.succeeded): 1,
+        finished_key(JobStatus.failed): 1,
+        finished_key(JobStatus.cancelled): 1,
+        bucket_key(duration_bucket(45)): 1,
+        bucket_key(duration_bucket(7200)): 1,
+    }
+    assert abs(totals["duration_sum"] - (45 + 7200)) < 0.01
+
+    command.downgrade(config, "0005")
+    with engine.connect() as conn:
+        assert "job_totals" not in inspect(conn).get_table_names()
+        assert len(conn.execute(text("SELECT id FROM jobs")).all()) == 4  # data untouched
     engine.dispose()

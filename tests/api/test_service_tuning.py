@@ -8,10 +8,12 @@ import anyio.from_thread
 import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from sqlalchemy.pool import QueuePool
 
 from api.main import API_POOL_SIZE, API_THREADS, UPLOAD_THREADS
 from api.routes import datasets
+from service_core.db.session import make_engine
 from tests.api.conftest import Keys
 
 
@@ -60,3 +62,16 @@ def test_uploads_run_on_threads_of_their_own(
     assert seen == [(1, 0)]
     assert client.portal is not None
     assert client.portal.call(lambda: app.state.upload_limiter.total_tokens) == UPLOAD_THREADS  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+def test_postgresql_connections_plan_every_execution_with_its_values(pg_url: str) -> None:
+    # A generic plan (no parameter values) turns the deep keyset page into a scan of the owner's whole
+    # history (bench/history_plans.py): every pooled connection forces custom plans, also after the
+    # pool's rollback on return.
+    engine = make_engine(pg_url, pool_size=1)
+    for _ in range(2):
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW plan_cache_mode")).scalar_one() == "force_custom_plan"
+            conn.rollback()
+    engine.dispose()

@@ -34,7 +34,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def succeeded(values: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> float:
-    return values[("trainjobs_jobs", (("status", "succeeded"),))]
+    return values[("trainjobs_jobs_finished_total", (("status", "succeeded"),))]
 
 
 def test_submit_follow_runs_to_success(service: LiveService, sentiment_files: dict[str, str], tmp_path: Path) -> None:
