@@ -29,7 +29,7 @@ from api.main import create_app
 from bench.chaos_proxy import TcpProxy
 from service_core.db.jobstore import transition
 from service_core.db.models import Job, JobEvent
-from service_core.db.session import allocate_seqs, session_scope
+from service_core.db.session import allocate_seqs
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from tests.api.conftest import PG_SERVER, Keys, add_job
