@@ -74,6 +74,7 @@ class Round:
     idle_qps: float = 0.0
     rss_mib: float = 0.0
     cpu_s: float = 0.0  # the API process's CPU time while the delays were recorded
+    write_ms: tuple[float, float] = (0.0, 0.0)  # the writer's stamp-to-commit p50, p99
 
 
 @dataclass
@@ -84,28 +85,29 @@ class Service:
     db_name: str
     job_ids: list[str]
     api: subprocess.Popen[bytes]
+    pid: int = 0  # the API process (`trainjobs serve --workers 1` serves in its own process)
+
+
+def api_pid(serve_pid: int) -> int:
+    """The API process: ``trainjobs serve`` itself with one worker, else its child (several: the first)."""
+    for entry in Path("/proc").iterdir():
+        with suppress(OSError, IndexError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == serve_pid:
+                return int(entry.name)
+    return serve_pid
 
 
 def rss_mib(pid: int) -> float:
-    """VmRSS of ``pid`` and its children (``trainjobs serve`` supervises the API process it starts)."""
-    total = 0.0
-    pids = [pid] + [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    for one in pids:
-        with suppress(OSError):
-            for line in Path(f"/proc/{one}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
-    return total
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid``'s children (the API process under ``trainjobs serve``)."""
-    total = 0.0
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        with suppress(OSError):
-            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    """User + system CPU time of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def xact_commits(db_name: str) -> int:
@@ -157,6 +159,7 @@ def running_api(jobs: int, max_streams: int) -> Iterator[Service]:
             )  # fmt: skip
         service = Service(f"http://127.0.0.1:{port}", key, settings.database_url, db_name, job_ids, api)
         wait_until_warm(service)
+        service.pid = api_pid(api.pid)
         yield service
     except BaseException:
         with suppress(OSError):
@@ -186,8 +189,18 @@ def wait_until_warm(service: Service, timeout: float = 180) -> None:
 
 
 def drive(database_url: str, job_ids: list[str], rate_per_job: float) -> None:
-    """The writer process: metric events round-robin over the jobs until SIGTERM, one commit each."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    """The writer process: metric events round-robin over the jobs until SIGTERM, one commit each.
+
+    On SIGTERM it prints how long its writes took (stamp to committed), p50 and p99 in ms: the part
+    of the delay before the API could know of the event.
+    """
+    writes: list[float] = []
+
+    def report_and_exit(*_: object) -> None:
+        print(json.dumps([percentile(writes, q) * 1000 if writes else 0.0 for q in (50, 99)]), flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, report_and_exit)
     period = 1.0 / (rate_per_job * len(job_ids))
     with session_scope(database_url) as session:
         session.execute(select(1))  # connected: the imports and the first connection are behind us
@@ -197,9 +210,10 @@ def drive(database_url: str, job_ids: list[str], rate_per_job: float) -> None:
         for job_id in job_ids:
             next_at += period
             time.sleep(max(0.0, next_at - time.monotonic()))
+            sent = time.time()
             with session_scope(database_url) as session:
-                add_events(session, job_id, [("metric", {"step": step, "values": {"loss": 1.0}, "sent": time.time()},
-                                              None)])  # fmt: skip
+                add_events(session, job_id, [("metric", {"step": step, "values": {"loss": 1.0}, "sent": sent}, None)])
+            writes.append(time.time() - sent)
         step += 1
 
 
@@ -259,7 +273,7 @@ async def measure(service: Service, count: int, args: argparse.Namespace) -> Rou
     async def sample_rss() -> None:
         nonlocal peak
         while True:
-            peak = max(peak, rss_mib(service.api.pid))
+            peak = max(peak, rss_mib(service.pid))
             await asyncio.sleep(1)
 
     sampler = asyncio.create_task(sample_rss())
@@ -274,11 +288,12 @@ async def measure(service: Service, count: int, args: argparse.Namespace) -> Rou
         assert writer.stdout is not None
         await asyncio.to_thread(writer.stdout.readline)  # "ready"
         await asyncio.sleep(WARMUP_S)
-        followers.recording, cpu_before = True, cpu_seconds(service.api.pid)
+        followers.recording, cpu_before = True, cpu_seconds(service.pid)
         await asyncio.sleep(args.seconds)
-        followers.recording, result.cpu_s = False, cpu_seconds(service.api.pid) - cpu_before
+        followers.recording, result.cpu_s = False, cpu_seconds(service.pid) - cpu_before
     finally:
         stop_processes([writer], 10, "event writer")
+    result.write_ms = tuple(json.loads(writer.stdout.readline() or "[0, 0]"))
     await asyncio.sleep(SETTLE_S)  # the last events delivered, the statistics flushed
     before = await asyncio.to_thread(xact_commits, service.db_name)
     await asyncio.sleep(args.idle_seconds)
@@ -293,14 +308,15 @@ async def measure(service: Service, count: int, args: argparse.Namespace) -> Rou
 def report(rounds: list[Round], args: argparse.Namespace) -> bool:
     load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     print(f"\nSSE followers on one API process, {args.jobs} running jobs, {args.rate:g} metric/s per job ({load})")
-    print(f"{'followers':>10} {'events got':>11} {'of ~':>7} {'p50 ms':>8} {'p99 ms':>8} {'API CPU':>8}"
-          f" {'idle q/s':>9} {'RSS MiB':>8}")  # fmt: skip
+    print(f"{'followers':>10} {'events got':>11} {'of ~':>7} {'p50 ms':>8} {'p99 ms':>8} {'commit p50/p99':>15}"
+          f" {'API CPU':>8} {'idle q/s':>9} {'RSS MiB':>8}")  # fmt: skip
     for r in rounds:
         p50, p99 = (percentile(r.delays, q) * 1000 for q in (50, 99)) if r.delays else (float("nan"),) * 2
         expected = r.followers * args.rate * args.seconds  # each follower's job gets `rate` events/s
         cpu = f"{100 * r.cpu_s / args.seconds:.0f}%"
-        print(f"{r.followers:>10} {len(r.delays):>11} {expected:>7.0f} {p50:>8.1f} {p99:>8.1f} {cpu:>8}"
-              f" {r.idle_qps:>9.2f} {r.rss_mib:>8.0f}")  # fmt: skip
+        commit = "{:.0f}/{:.0f} ms".format(*r.write_ms)
+        print(f"{r.followers:>10} {len(r.delays):>11} {expected:>7.0f} {p50:>8.1f} {p99:>8.1f} {commit:>15}"
+              f" {cpu:>8} {r.idle_qps:>9.2f} {r.rss_mib:>8.0f}")  # fmt: skip
     top = rounds[-1]
     p50, p99 = (percentile(top.delays, q) * 1000 for q in (50, 99))
     goals = [
