@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import CallerDep, OwnedJob, get_sessionmaker_for
@@ -61,19 +61,22 @@ def is_terminal_status(row: JobEvent) -> bool:
 def fetch_after(
     maker: sessionmaker[Session], job_id: str, after: int, kinds: frozenset[str] = frozenset()
 ) -> tuple[list[JobEvent], bool]:
-    """Rows after ``after`` (of ``kinds`` only, when given) and whether the job was terminal *before*
-    they were read.
+    """Rows after ``after`` (of ``kinds`` only, when given) and whether the job was terminal when
+    they were read (a job that is gone counts as ended).
 
-    Reading the status first matters: the terminal status and its event commit together, so a
-    terminal status seen here guarantees its event is among (or before) the rows read next.
+    One statement on an autocommit connection (no BEGIN, no ROLLBACK: two round trips with the
+    pool's ping instead of five, which is what bounds how fast the stream threads read under load).
+    One statement also reads status and rows from one snapshot: the terminal status and its event
+    commit together, so a terminal status seen here comes with its event among (or before) the rows.
     """
+    on = and_(JobEvent.job_id == Job.id, JobEvent.seq > after, *([JobEvent.kind.in_(kinds)] if kinds else []))
+    query = select(Job.status, JobEvent).outerjoin(JobEvent, on).where(Job.id == job_id)
     with maker() as session:
-        status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
-        query = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-        if kinds:
-            query = query.where(JobEvent.kind.in_(kinds))
-        rows = session.execute(query.order_by(JobEvent.seq).limit(BATCH)).scalars().all()
-        return list(rows), JobStatus(status).terminal
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        result = session.execute(query.order_by(JobEvent.seq).limit(BATCH)).all()
+    if not result:
+        return [], True
+    return [row for _, row in result if row is not None], JobStatus(result[0][0]).terminal
 
 
 Fetched = tuple[list[JobEvent], bool]
