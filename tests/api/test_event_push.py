@@ -83,6 +83,13 @@ def running_job(session: Session) -> Job:
     return job
 
 
+def finish(session: Session, *jobs: Job) -> None:
+    """End the jobs, which ends their streams (so the server stops at once when the test is over)."""
+    for job in jobs:
+        transition(session, job.id, JobStatus.succeeded)
+    session.commit()
+
+
 def follow(live_url: str, job: Job, keys: Keys) -> Follower:
     follower = Follower(f"{live_url}/v1/jobs/{job.id}/events", keys.alice)
     assert follower.next()["status"] == "running"
@@ -134,6 +141,7 @@ def test_idle_streams_run_no_queries_of_their_own(
         write_in_another_process(database_url, jobs[0].id, "metric")
         for follower in followers[:: len(jobs)]:  # the followers of jobs[0] all get it
             assert follower.next()["values"] == {"loss": 0.5}
+        finish(session, *jobs)
 
 
 @pytest.mark.postgres
@@ -154,6 +162,7 @@ def test_a_lost_notification_is_caught_by_the_safety_poll(
         assert follower.next()["values"] == {"loss": 0.25}
         # The correctness bound (one safety poll), with room for a loaded machine; never "never".
         assert time.monotonic() - written < 10 * 2.0
+        finish(session, job)
 
 
 @pytest.fixture
@@ -183,6 +192,7 @@ def test_the_listener_reconnects_after_a_database_blip(
         wait_for(lambda: state.connected and state.connects == 2)
         write_in_another_process(database_url, job.id, "metric")
         assert follower.next()["values"] == {"loss": 0.5}
+        finish(session, job)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
