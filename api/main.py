@@ -6,6 +6,7 @@ uses ``api.main:create_app`` as a factory. Routers are a list, so adding one is 
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib
 import logging
@@ -20,6 +21,8 @@ from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import AuthGateMiddleware, KeyCache
+from api.event_feed import JobWakeups, SharedReads
+from api.event_listeners import ListenerState, start_event_feed
 from api.problems import install_problem_handlers
 from api.quotas import QuotaMiddleware, RateLimiter
 from api.routes import artifacts, dashboard, datasets, downloads, estimates, events, health, jobs, keys, logs, metrics
@@ -98,7 +101,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.session_slots = anyio.CapacityLimiter(SESSION_SLOTS)
     await run_in_threadpool(bootstrap)
     threading.Thread(target=_warm_up, args=(app.state.warmed_up,), name="trainjobs-warm-up", daemon=True).start()
+    # Event streams wait on these, woken by one listener / watcher per process (api/event_listeners.py).
+    app.state.event_wakeups, app.state.event_reads = JobWakeups(), SharedReads()
+    app.state.event_listener = ListenerState()
+    feed = start_event_feed(
+        settings.database_url, app.state.sessionmaker, app.state.event_wakeups, app.state.event_listener,
+        app.state.stream_limiter,
+    )  # fmt: skip
     yield
+    for task in feed:
+        task.cancel()
+    await asyncio.gather(*feed, return_exceptions=True)
     app.state.engine.dispose()
 
 

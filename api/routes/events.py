@@ -2,12 +2,17 @@
 
 Wire format, one block per stored JobEvent: ``id: <seq>``, ``event: <kind>``, ``data: <json of the
 event's data plus seq and time>``. The stream replays every row after ``Last-Event-ID`` (or
-``?after=``), then polls the database for new rows, and ends right after the terminal ``status``
+``?after=``), then waits to be woken for new rows, and ends right after the terminal ``status``
 event. Since ``seq`` is dense and ordered per job, resuming with the last id seen loses nothing and
 repeats nothing.
 
-A stream must not hold what the rest of the API needs: between polls it holds no thread and no
-database connection (each poll is one short session on the streams' own threads, so polls never
+Streams are pushed, not polled: a waiting stream runs no query. It reads again when its job's signal
+fires (api/event_feed.py; fired by the PostgreSQL listener or the ``last_seq`` watcher,
+api/event_listeners.py), and the streams of one job at one position share that read. The database
+stays the source of truth: a signal only says "read again", the rows say what to send.
+
+A stream must not hold what the rest of the API needs: while it waits it holds no thread and no
+database connection (each read is one short session on the streams' own threads, so reads never
 queue in front of other routes), and each owner may have only so many open (api/streams.py: 429).
 """
 
@@ -17,15 +22,17 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator
+from functools import partial
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import CallerDep, OwnedJob, get_sessionmaker_for
+from api.event_feed import JobWakeups, SharedReads
 from api.problems import Problem
 from api.schemas.common import as_utc, problem_responses
 from api.streams import SlotStreamingResponse, StreamSlots
@@ -34,7 +41,6 @@ from service_core.status import TERMINAL_STATUSES, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"], responses=problem_responses(401, 404, 422, 429))
 
-POLL_INTERVAL_S = 0.1
 HEARTBEAT_S = 15.0
 BATCH = 500
 TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
@@ -55,52 +61,68 @@ def is_terminal_status(row: JobEvent) -> bool:
 def fetch_after(
     maker: sessionmaker[Session], job_id: str, after: int, kinds: frozenset[str] = frozenset()
 ) -> tuple[list[JobEvent], bool]:
-    """Rows after ``after`` (of ``kinds`` only, when given) and whether the job was terminal *before*
-    they were read.
+    """Rows after ``after`` (of ``kinds`` only, when given) and whether the job was terminal when
+    they were read (a job that is gone counts as ended).
 
-    Reading the status first matters: the terminal status and its event commit together, so a
-    terminal status seen here guarantees its event is among (or before) the rows read next.
+    One statement on an autocommit connection (no BEGIN, no ROLLBACK: two round trips with the
+    pool's ping instead of five, which is what bounds how fast the stream threads read under load).
+    One statement also reads status and rows from one snapshot: the terminal status and its event
+    commit together, so a terminal status seen here comes with its event among (or before) the rows.
     """
+    on = and_(JobEvent.job_id == Job.id, JobEvent.seq > after, *([JobEvent.kind.in_(kinds)] if kinds else []))
+    query = select(Job.status, JobEvent).outerjoin(JobEvent, on).where(Job.id == job_id)
     with maker() as session:
-        status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
-        query = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-        if kinds:
-            query = query.where(JobEvent.kind.in_(kinds))
-        rows = session.execute(query.order_by(JobEvent.seq).limit(BATCH)).scalars().all()
-        return list(rows), JobStatus(status).terminal
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        result = session.execute(query.order_by(JobEvent.seq).limit(BATCH)).all()
+    if not result:
+        return [], True
+    return [row for _, row in result if row is not None], JobStatus(result[0][0]).terminal
+
+
+Fetched = tuple[list[JobEvent], bool]
 
 
 async def event_stream(
     maker: sessionmaker[Session],
     job_id: str,
     after: int,
+    wakeups: JobWakeups,
+    reads: SharedReads[Fetched],
     limiter: anyio.CapacityLimiter | None = None,
     kinds: frozenset[str] = frozenset(),
 ) -> AsyncGenerator[str, None]:
     """SSE text for the job's rows after ``after`` (of ``kinds`` only, when given), ending after its
     terminal status event.
 
-    Polls run on ``limiter``'s threads (the app's stream threads). A client that goes away is
+    Reads run on ``limiter``'s threads (the app's stream threads). A client that goes away is
     noticed by the server when a write fails (data or the heartbeat).
     """
     last_sent = time.monotonic()
-    while True:
-        rows, was_terminal = await anyio.to_thread.run_sync(fetch_after, maker, job_id, after, kinds, limiter=limiter)
-        for row in rows:
-            yield format_event(row)
-            after = row.seq
-            if is_terminal_status(row):
-                return
-        if rows:
-            last_sent = time.monotonic()
-            if len(rows) == BATCH:
-                continue
-        elif was_terminal:
-            return  # everything up to the end was sent on an earlier connection
-        if time.monotonic() - last_sent >= HEARTBEAT_S:
-            yield ": ping\n\n"
-            last_sent = time.monotonic()
-        await asyncio.sleep(POLL_INTERVAL_S)
+    with wakeups.watch(job_id) as watched:
+        while True:
+            signal = watched.signal  # taken before the read: a wake-up during the read is not lost
+            position = after
+            rows, was_terminal = await reads.read(
+                (signal, job_id, position, kinds),
+                partial(anyio.to_thread.run_sync, fetch_after, maker, job_id, position, kinds, limiter=limiter),
+            )
+            for row in rows:
+                yield format_event(row)
+                after = row.seq
+                if is_terminal_status(row):
+                    return
+            if rows:
+                last_sent = time.monotonic()
+                if len(rows) == BATCH:
+                    continue
+            elif was_terminal:
+                return  # everything up to the end was sent on an earlier connection
+            while not signal.is_set():  # heartbeats cost no query
+                try:
+                    await asyncio.wait_for(signal.wait(), max(0.0, HEARTBEAT_S - (time.monotonic() - last_sent)))
+                except TimeoutError:
+                    yield ": ping\n\n"
+                    last_sent = time.monotonic()
 
 
 def parse_after(header: str | None, query: int | None) -> int:
@@ -140,6 +162,8 @@ async def job_events(
     slots: StreamSlots = request.app.state.stream_slots
     slot = slots.take(caller.owner)
     kinds = frozenset(kind or ())
-    stream = event_stream(get_sessionmaker_for(request), job.id, start, request.app.state.stream_limiter, kinds)
+    state = request.app.state
+    maker = get_sessionmaker_for(request)
+    stream = event_stream(maker, job.id, start, state.event_wakeups, state.event_reads, state.stream_limiter, kinds)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return SlotStreamingResponse(stream, slot, media_type="text/event-stream", headers=headers)

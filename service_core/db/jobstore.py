@@ -19,6 +19,7 @@ from sqlalchemy import ColumnElement, Connection, Table, insert, select, update
 from sqlalchemy.orm import Session
 
 from service_core.db.base import utcnow
+from service_core.db.event_notify import notify_new_events
 from service_core.db.models import Job, JobEvent
 from service_core.db.session import allocate_seqs
 from service_core.db.totals import count_finish
@@ -77,7 +78,8 @@ def add_events(
     """Append ``(kind, data, time)`` events with consecutive seqs; returns the last seq (0 if none).
 
     With ``attempt`` (a worker's fencing token) the events are refused, :class:`FencedOut`, unless that
-    attempt is the job's running one; the check is the same UPDATE that numbers them.
+    attempt is the job's running one; the check is the same UPDATE that numbers them. Open event
+    streams of the job are woken when the transaction commits (service_core/db/event_notify.py).
     """
     if not events:
         return 0
@@ -88,6 +90,7 @@ def add_events(
         JobEvent(job_id=job_id, seq=first + i, kind=kind, data=data, time=time or utcnow())
         for i, (kind, data, time) in enumerate(events)
     )
+    notify_new_events(session, job_id)
     return first + len(events) - 1
 
 

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from api.event_feed import JobWakeups, SharedReads
 from service_core.db.jobstore import add_events, transition
 from service_core.db.models import Job
 from service_core.status import ErrorReason, JobStatus
@@ -163,7 +164,7 @@ def test_idle_stream_sends_heartbeats(app: FastAPI, session: Session, monkeypatc
     job = add_job(session, "alice", JobStatus.running)
 
     async def first_chunks() -> list[str]:
-        stream = events.event_stream(app.state.sessionmaker, job.id, 0)
+        stream = events.event_stream(app.state.sessionmaker, job.id, 0, JobWakeups(), SharedReads())
         chunks = [await anext(stream), await anext(stream)]
         await stream.aclose()
         return chunks
