@@ -123,7 +123,8 @@ class Row:
     wrong: int = 0
     recovery_s: float = 0.0
     note: str = ""
-    blocked: bool = False
+    blocked: bool = False  # not run: shown with dashes and its note
+    applicable: bool = True  # False: not run because it cannot mean anything on this shape (the note says why)
     why: list[str] = field(default_factory=list)
 
     def add(self, verdict: Verdict) -> None:
