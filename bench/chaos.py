@@ -19,6 +19,9 @@ embedded broker's consumers) with jobs queued, production also Redis, and blocks
 ``--short`` is the suite's form (a trial or two each).
 
     .venv/bin/python bench/chaos.py [--short] [--scenarios R1,R4] [--shapes embedded,production] [--trials N]
+                                    [--counts R1=5,R3=20,R9=60/20]
+
+Each scenario's row is also logged (stderr) as it finishes, so a run stopped early still says what ran.
 """
 
 from __future__ import annotations
@@ -86,6 +89,22 @@ def with_trials(plan: Plan, n: int) -> Plan:
                    r9={shape: (n, max(1, n // 3)) for shape in SHAPES}, r10=each)  # fmt: skip
 
 
+def with_counts(plan: Plan, counts: str) -> Plan:
+    """``plan`` with some trial counts set on both shapes: ``R1=5,R3=20,R9=60/20`` (R9: jobs/kills)."""
+    changes: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in counts.split(","))):
+        name, _, value = item.partition("=")
+        key = name.strip().lower()
+        if key == "r9":
+            jobs, _, kills = value.partition("/")
+            changes[key] = {shape: (int(jobs), int(kills or max(1, int(jobs) // 3))) for shape in SHAPES}
+        elif key in ("r1", "r2", "r3", "r4", "r6", "r10"):
+            changes[key] = {shape: int(value) for shape in SHAPES}
+        else:
+            raise ValueError(f"--counts: no trial count for {name!r}")
+    return replace(plan, **changes)  # type: ignore[arg-type]
+
+
 def has_leases() -> bool:
     """Whether the code under test has heartbeat leases (the setting exists)."""
     return any(info.validation_alias == LEASE_ENV for info in Settings.model_fields.values())
@@ -130,6 +149,7 @@ def run_shape(shape: str, wanted: list[str], plan: Plan, leases: bool) -> list[R
                     log(f"{shape}: {name} crashed:\n{traceback.format_exc()}")
                     got = [failed(name, shape, f"crashed: {type(exc).__name__}: {exc}")]
                 rows.extend(r for r in got if r.scenario in wanted)
+                log(f"{shape}: {name} row(s):\n{render([r for r in got if r.scenario in wanted])}")
                 log(f"{shape}: {name} done in {time.monotonic() - t0:.0f} s")
     finally:
         svc.close()
@@ -156,6 +176,7 @@ def main() -> int:
     parser.add_argument("--scenarios", default=",".join(ALL), help="comma-separated ids, e.g. R1,R4")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="embedded, production or both")
     parser.add_argument("--trials", type=int, default=0, help="override every trial count (R9: jobs)")
+    parser.add_argument("--counts", default="", help="override some trial counts, e.g. R1=5,R3=20,R9=60/20")
     args = parser.parse_args()
     wanted = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -164,6 +185,11 @@ def main() -> int:
     plan = SHORT if args.short else LONG
     if args.trials > 0:
         plan = with_trials(plan, args.trials)
+    if args.counts:
+        try:
+            plan = with_counts(plan, args.counts)
+        except ValueError as exc:
+            parser.error(str(exc))
 
     def interrupted(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -193,6 +219,7 @@ def main() -> int:
              for (s, shape), why in NOT_APPLICABLE.items() if s in wanted and shape in shapes]  # fmt: skip
     rows.sort(key=lambda r: (ALL.index(r.scenario), SHAPES.index(r.shape)))
     form = ("short" if args.short else "long") + (f", {args.trials} trials each" if args.trials else "")
+    form += f", counts {args.counts}" if args.counts else ""
     print(f"chaos bench ({form} form), {time.monotonic() - started:.0f} s; every scenario on both shapes except "
           "R7 (production only); R3 on embedded restarts the API and the workers, not Redis or PostgreSQL")  # fmt: skip
     print(render(rows))
