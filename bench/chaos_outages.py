@@ -19,7 +19,7 @@ import psycopg
 
 from bench.bench_api import free_port, service_env
 from bench.chaos_checks import Row, job_facts, judge
-from bench.chaos_scenarios import job_row, mid_training, run_pid, running_again, wait_terminal
+from bench.chaos_scenarios import START_S, job_row, mid_training, run_pid, running_again, wait_terminal
 from bench.chaos_service import API_KEY, PG_ADMIN, REPO, RedisServer, Service, pid_alive, processes_of, wait_for
 from service_core.status import ErrorReason, JobStatus
 
@@ -72,14 +72,14 @@ def r3_finish(svc: Service, ids: list[str]) -> Row:
         "Redis restart and PostgreSQL block n/a (no server)")  # fmt: skip
     row = Row("R3", svc.shape, note=note)
     try:
-        wait_for(lambda: any(job_row(svc, j).status == JobStatus.running for j in ids), 120, "an R3 job to run")
+        wait_for(lambda: any(job_row(svc, j).status == JobStatus.running for j in ids), START_S, "an R3 job to run")
         if production:
             db_outage(svc, row, 10.0)
         else:
             restart_workers(svc, row, ids)
     except TimeoutError as exc:
         row.fail(str(exc))
-    wait_terminal(svc, ids, 300 + len(ids) * 8)
+    wait_terminal(svc, ids)
     for job_id in ids:
         row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
         row.trials += 1
@@ -98,7 +98,7 @@ def restart_workers(svc: Service, row: Row, ids: list[str]) -> None:
         worker.wait()
     for _ in mains:
         svc.start_worker(wait=False)
-    wait_for(lambda: all(running_again(svc, j, n) for j, n in attempts.items()), 240, "R3: killed runs to run again")
+    wait_for(lambda: all(running_again(svc, j, n) for j, n in attempts.items()), START_S, "R3: killed runs again")
     row.recovered(time.monotonic() - killed)
 
 
@@ -109,7 +109,7 @@ def r7_db_outages(svc: Service, outages: list[float]) -> Row:
     for seconds in outages:
         ids = [svc.submit("r7", {"max_steps": 400, "save_steps": 50}) for _ in range(len(svc.live_workers()))]
         try:
-            wait_for(lambda: all(job_row(svc, j).progress_step >= 3 for j in ids), 180, "R7 jobs running")  # noqa: B023
+            wait_for(lambda: all(job_row(svc, j).progress_step >= 3 for j in ids), START_S, "R7 jobs running")  # noqa: B023
             db_outage(svc, row, seconds)
             # A run that ended during the outage leaves its job `running` until the outcome is written
             # (backoff); what must not happen is a job left so, with no process, for good.
@@ -215,12 +215,12 @@ def r6_r8_stale_slot(svc: Service, trials: int) -> tuple[Row, Row]:
     for _ in range(trials):
         job_id = svc.submit("r6", {"max_steps": 600, "save_steps": 20}, resources={"max_restarts": 3})
         try:
-            job = wait_for(lambda: mid_training(svc, job_id, 22), 180, "R6 mid-training")  # noqa: B023
+            job = wait_for(lambda: mid_training(svc, job_id, 22), START_S, "R6 mid-training")  # noqa: B023
             slot = int(job.pid or 0)
             os.kill(slot, signal.SIGSTOP)
             frozen = time.monotonic()
             try:
-                wait_for(lambda: running_again(svc, job_id, job.attempts), 240, "R6: the job to run elsewhere")  # noqa: B023
+                wait_for(lambda: running_again(svc, job_id, job.attempts), START_S, "R6: the job to run elsewhere")  # noqa: B023
                 r6.recovered(time.monotonic() - frozen)
                 for _ in range(2):  # "write a terminal status twice"
                     if job_row(svc, job_id).status == JobStatus.running and stale_write(svc, job_id, job.attempts):
