@@ -71,7 +71,7 @@ class Plan:
 # shapes (the run and the slot on embedded; the worker main, restarted or, with leases, not, on production).
 R1_FIRST = {"embedded": 0, "production": 2}
 SHORT = Plan(r1={"embedded": 2, "production": 2}, r2={"embedded": 1, "production": 1},
-             r3={"embedded": 4, "production": 4}, r4={"embedded": 2, "production": 2},
+             r3={"embedded": 2, "production": 2}, r4={"embedded": 2, "production": 2},
              r6={"embedded": 1, "production": 1}, r7=[5.0], r9={"embedded": (4, 2), "production": (4, 2)},
              r10={"embedded": 2, "production": 2})  # fmt: skip
 LONG = Plan(r1={"embedded": 5, "production": 20}, r2={"embedded": 20, "production": 20},
