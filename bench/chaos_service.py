@@ -190,7 +190,7 @@ class Service:
         proc = self._spawn(log.stem, [sys.executable, "-m", "worker.main", "--queues", queues or self.queue])
         self.workers.append(proc)
         if wait:
-            wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 120,
+            wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 600,
                      "a worker slot to be ready", 0.3)  # fmt: skip
             if proc.poll() is not None:
                 raise RuntimeError(f"a worker exited:\n{self.log_tail(log.stem)}")
@@ -201,7 +201,7 @@ class Service:
         for i, proc in enumerate(self.workers):
             log = self.home / "logs" / f"worker{i}.log"
             if proc.poll() is None:
-                wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 120,  # noqa: B023
+                wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 600,  # noqa: B023
                          "a worker slot to be ready", 0.3)  # fmt: skip
 
     def live_workers(self) -> list[subprocess.Popen[bytes]]:
