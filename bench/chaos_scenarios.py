@@ -109,7 +109,7 @@ def r1_kills(svc: Service, trials: int, leases: bool, first: int = 0) -> Row:
         killed: dict[str, tuple[int, float]] = {}
         for kind, job_id in zip(batch, ids, strict=True):
             try:
-                job = wait_for(lambda: mid_training(svc, job_id, 12), 180, f"R1 {job_id} mid-training", 0.1)  # noqa: B023
+                job = wait_for(lambda: mid_training(svc, job_id, 12), START_S, f"R1 {job_id} mid-training", 0.1)  # noqa: B023
             except TimeoutError as exc:
                 row.fail(str(exc))
                 continue
@@ -117,7 +117,7 @@ def r1_kills(svc: Service, trials: int, leases: bool, first: int = 0) -> Row:
             inject(svc, job, kind)
         for job_id, (attempts, started) in killed.items():
             try:
-                wait_for(lambda: running_again(svc, job_id, attempts), 240, f"R1 {job_id}: to run again")  # noqa: B023
+                wait_for(lambda: running_again(svc, job_id, attempts), START_S, f"R1 {job_id}: to run again")  # noqa: B023
                 row.recovered(time.monotonic() - started)
             except TimeoutError as exc:
                 row.fail(str(exc))
