@@ -16,6 +16,10 @@ from api.problems import Problem
 from trainer_core.spec import JobSpec
 
 PREFLIGHT_TIMEOUT_S = 10.0
+# How long a submit that arrives while the app still imports datasets and transformers waits for that
+# warm-up before a 503: on a loaded machine it takes well over PREFLIGHT_TIMEOUT_S (the chaos bench saw
+# a first submit meet a half-initialised transformers, a 500, on a 2-core machine at load 13).
+WARM_UP_WAIT_S = 60.0
 # A few threads: preflight reads are bounded, and a timed-out one still finishes on its own.
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="preflight")
 
@@ -26,10 +30,16 @@ def run_preflight(
     """The preflight report as a dict; a 422 (SpecError) when a check fails, a 503 past the deadline.
 
     ``warmed_up`` is the app's warm-up event: importing datasets and transformers here while the
-    warm-up thread is still importing them can meet a half-initialised module, so wait for it first.
+    warm-up thread is still importing them can meet a half-initialised module (an ImportError, a 500),
+    so wait for it first, and answer 503 (retry later) rather than import alongside it.
     """
-    if warmed_up is not None:
-        warmed_up.wait(timeout_s)
+    if warmed_up is not None and not warmed_up.wait(WARM_UP_WAIT_S):
+        raise Problem(
+            503,
+            f"the API is still loading its data and model libraries after {WARM_UP_WAIT_S:g} s; nothing was "
+            "stored, submit again later",
+            headers={"Retry-After": "5"},
+        )
     from trainer_core.preflight import preflight
 
     future = _POOL.submit(preflight, spec)

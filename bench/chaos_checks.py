@@ -62,6 +62,15 @@ def job_statuses(database_url: str, job_ids: list[str]) -> dict[str, str]:
         return {job_id: status for job_id, status in rows}
 
 
+def job_progress(database_url: str, job_ids: list[str]) -> dict[str, tuple[str, int, int]]:
+    """Each job's (status, attempts, step): what changes while jobs move on."""
+    with session_scope(database_url) as session:
+        rows = session.execute(
+            select(Job.id, Job.status, Job.attempts, Job.progress_step).where(Job.id.in_(job_ids))
+        ).all()
+        return {job_id: (status, attempts, step) for job_id, status, attempts, step in rows}
+
+
 @dataclass
 class Verdict:
     lost: bool = False
@@ -123,7 +132,8 @@ class Row:
     wrong: int = 0
     recovery_s: float = 0.0
     note: str = ""
-    blocked: bool = False
+    blocked: bool = False  # not run: shown with dashes and its note
+    applicable: bool = True  # False: not run because it cannot mean anything on this shape (the note says why)
     why: list[str] = field(default_factory=list)
 
     def add(self, verdict: Verdict) -> None:

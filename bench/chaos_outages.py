@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 
 from bench.bench_api import free_port, service_env
 from bench.chaos_checks import Row, job_facts, judge
-from bench.chaos_scenarios import job_row, mid_training, run_pid, running_again, wait_terminal
-from bench.chaos_service import API_KEY, REPO, Service, pid_alive, processes_of, wait_for
+from bench.chaos_scenarios import START_S, job_row, mid_training, run_pid, running_again, wait_terminal
+from bench.chaos_service import API_KEY, PG_ADMIN, REPO, RedisServer, Service, pid_alive, processes_of, wait_for
 from service_core.status import ErrorReason, JobStatus
 
 SETTLE_S = 30.0  # after an outage: the outcome's backoff, a lease to expire and a sweep
@@ -49,30 +50,56 @@ def db_outage(svc: Service, row: Row, seconds: float) -> None:
 
 
 def r3_queue_and_restart(svc: Service, queued: int) -> list[str]:
-    """R3, first half, before any worker consumes: queue jobs, then SIGKILL and restart Redis and the API."""
-    assert svc.redis is not None
+    """R3, first half, before any worker consumes: queue jobs, then SIGKILL and restart Redis (production)
+    and the API."""
     ids = [svc.submit(f"r3-{i}", {"max_steps": 60, "save_steps": 20}) for i in range(queued)]
-    time.sleep(2.0)  # the AOF is fsynced every second
-    svc.redis.kill()
-    svc.redis.start()
+    if svc.redis is not None:
+        time.sleep(2.0)  # the AOF is fsynced every second
+        svc.redis.kill()
+        svc.redis.start()
     svc.kill_api()
     svc.start_api()
     return ids
 
 
 def r3_finish(svc: Service, ids: list[str]) -> Row:
-    """R3, second half, once workers run: block the database 10 s while the jobs run; all must finish."""
-    row = Row("R3", svc.shape, note="recovery = API back after the database block")
+    """R3, second half, once workers run. Production: block the database 10 s while the jobs run.
+    Embedded (no server to block): SIGKILL both workers, which hold the embedded broker's messages, and
+    start two new ones. All jobs must finish."""
+    production = svc.proxy is not None
+    note = "recovery = API back after the database block" if production else (
+        "API + workers SIGKILLed with jobs queued; recovery = kill to the killed runs running again; "
+        "Redis restart and PostgreSQL block n/a (no server)")  # fmt: skip
+    row = Row("R3", svc.shape, note=note)
     try:
-        wait_for(lambda: any(job_row(svc, j).status == JobStatus.running for j in ids), 120, "an R3 job to run")
-        db_outage(svc, row, 10.0)
+        wait_for(lambda: any(job_row(svc, j).status == JobStatus.running for j in ids), START_S, "an R3 job to run")
+        if production:
+            db_outage(svc, row, 10.0)
+        else:
+            restart_workers(svc, row, ids)
     except TimeoutError as exc:
         row.fail(str(exc))
-    wait_terminal(svc, ids, 300 + len(ids) * 8)
+    wait_terminal(svc, ids)
     for job_id in ids:
         row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
         row.trials += 1
     return row
+
+
+def restart_workers(svc: Service, row: Row, ids: list[str]) -> None:
+    """SIGKILL every worker main (their slots die with them) and start as many new workers; the jobs
+    that ran must run again (lease expiry and the sweep), the queued ones be delivered again."""
+    attempts = {j: job_row(svc, j).attempts for j in ids if job_row(svc, j).status == JobStatus.running}
+    mains = svc.live_workers()
+    for worker in mains:
+        worker.kill()
+    killed = time.monotonic()
+    for worker in mains:
+        worker.wait()
+    for _ in mains:
+        svc.start_worker(wait=False)
+    wait_for(lambda: all(running_again(svc, j, n) for j, n in attempts.items()), START_S, "R3: killed runs again")
+    row.recovered(time.monotonic() - killed)
 
 
 def r7_db_outages(svc: Service, outages: list[float]) -> Row:
@@ -82,7 +109,7 @@ def r7_db_outages(svc: Service, outages: list[float]) -> Row:
     for seconds in outages:
         ids = [svc.submit("r7", {"max_steps": 400, "save_steps": 50}) for _ in range(len(svc.live_workers()))]
         try:
-            wait_for(lambda: all(job_row(svc, j).progress_step >= 3 for j in ids), 180, "R7 jobs running")  # noqa: B023
+            wait_for(lambda: all(job_row(svc, j).progress_step >= 3 for j in ids), START_S, "R7 jobs running")  # noqa: B023
             db_outage(svc, row, seconds)
             # A run that ended during the outage leaves its job `running` until the outcome is written
             # (backoff); what must not happen is a job left so, with no process, for good.
@@ -110,14 +137,25 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def r10_launcher(trials: int) -> Row:
-    """R10: SIGKILL or SIGHUP ``trainjobs dev``: nothing of it is left running or listening."""
-    row = Row("R10", "embedded", note="recovery = signal to nothing left")
+def r10_launcher(trials: int, shape: str = "embedded") -> Row:
+    """R10: SIGKILL or SIGHUP ``trainjobs dev``: nothing of it is left running or listening. On the
+    production shape ``dev`` runs on a fresh PostgreSQL database and a Redis of its own."""
+    row = Row("R10", shape, note="recovery = signal to nothing left")
     for trial in range(trials):
         sig = (signal.SIGKILL, signal.SIGHUP)[trial % 2]
         home = Path(tempfile.mkdtemp(prefix="trainjobs-chaos-dev-"))
         port = free_port()
-        env = service_env({"TRAINJOBS_HOME": str(home), "TRAINJOBS_CANCEL_GRACE_SECONDS": "5"})
+        settings = {"TRAINJOBS_HOME": str(home), "TRAINJOBS_CANCEL_GRACE_SECONDS": "5"}
+        redis: RedisServer | None = None
+        db_name = f"trainjobs_chaos_dev_{home.name.rsplit('-', 1)[-1].lower()}"
+        if shape == "production":
+            redis = RedisServer(home / "redis")
+            redis.start()
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{db_name}"')
+            settings |= {"DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:5432/{db_name}",
+                         "BROKER_URL": f"redis://127.0.0.1:{redis.port}/0"}  # fmt: skip
+        env = service_env(settings)
         env["TRAINJOBS_API_KEY"] = API_KEY
         with (home.parent / f"{home.name}.log").open("ab") as log:
             dev = subprocess.Popen([sys.executable, "-m", "trainjobs.cli", "dev", "--port", str(port)], cwd=REPO,
@@ -137,6 +175,10 @@ def r10_launcher(trials: int) -> Row:
             if dev.poll() is None:
                 dev.kill()
                 dev.wait()
+            if redis is not None:
+                redis.kill()
+                with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
             shutil.rmtree(home, ignore_errors=True)
             home.parent.joinpath(f"{home.name}.log").unlink(missing_ok=True)
         row.trials += 1
@@ -173,12 +215,12 @@ def r6_r8_stale_slot(svc: Service, trials: int) -> tuple[Row, Row]:
     for _ in range(trials):
         job_id = svc.submit("r6", {"max_steps": 600, "save_steps": 20}, resources={"max_restarts": 3})
         try:
-            job = wait_for(lambda: mid_training(svc, job_id, 22), 180, "R6 mid-training")  # noqa: B023
+            job = wait_for(lambda: mid_training(svc, job_id, 22), START_S, "R6 mid-training")  # noqa: B023
             slot = int(job.pid or 0)
             os.kill(slot, signal.SIGSTOP)
             frozen = time.monotonic()
             try:
-                wait_for(lambda: running_again(svc, job_id, job.attempts), 240, "R6: the job to run elsewhere")  # noqa: B023
+                wait_for(lambda: running_again(svc, job_id, job.attempts), START_S, "R6: the job to run elsewhere")  # noqa: B023
                 r6.recovered(time.monotonic() - frozen)
                 for _ in range(2):  # "write a terminal status twice"
                     if job_row(svc, job_id).status == JobStatus.running and stale_write(svc, job_id, job.attempts):

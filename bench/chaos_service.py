@@ -165,9 +165,18 @@ class Service:
         self.api = self._spawn("api", [sys.executable, "-m", "trainjobs.cli", "serve", "--host", "127.0.0.1",
                                        "--port", str(self.port), "--no-access-log"])  # fmt: skip
         api = self.api
-        wait_for(lambda: self.answers("/readyz") == 200 or api.poll() is not None, 120, "the API to start", 0.3)
+        # Until it has warmed up too: a submit before that waits for the warm-up (a 503 after a minute).
+        wait_for(lambda: self.warmed_up() or api.poll() is not None, 300, "the API to start", 0.3)
         if api.poll() is not None:
             raise RuntimeError(f"the API exited:\n{self.log_tail('api')}")
+
+    def warmed_up(self) -> bool:
+        """Whether ``/readyz`` answers 200 with ``warmed_up`` (the estimator and preflight imported)."""
+        try:
+            answer = httpx.get(f"{self.url}/readyz", timeout=10)
+            return answer.status_code == 200 and bool(answer.json().get("warmed_up"))
+        except (httpx.TransportError, ValueError):
+            return False
 
     def kill_api(self) -> None:
         if self.api is not None:
@@ -181,7 +190,7 @@ class Service:
         proc = self._spawn(log.stem, [sys.executable, "-m", "worker.main", "--queues", queues or self.queue])
         self.workers.append(proc)
         if wait:
-            wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 120,
+            wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 600,
                      "a worker slot to be ready", 0.3)  # fmt: skip
             if proc.poll() is not None:
                 raise RuntimeError(f"a worker exited:\n{self.log_tail(log.stem)}")
@@ -192,7 +201,7 @@ class Service:
         for i, proc in enumerate(self.workers):
             log = self.home / "logs" / f"worker{i}.log"
             if proc.poll() is None:
-                wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 120,  # noqa: B023
+                wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 600,  # noqa: B023
                          "a worker slot to be ready", 0.3)  # fmt: skip
 
     def live_workers(self) -> list[subprocess.Popen[bytes]]:
@@ -219,7 +228,7 @@ class Service:
             "queue": queue or self.queue, **extra,
         }  # fmt: skip
         answer = httpx.post(f"{self.url}/v1/jobs", json=spec, headers={"Authorization": f"Bearer {API_KEY}"},
-                            timeout=60)  # fmt: skip
+                            timeout=120)  # fmt: skip
         if answer.status_code != 201:
             raise RuntimeError(f"submit {name}: {answer.status_code} {answer.text[:500]}")
         return str(answer.json()["id"])

@@ -249,9 +249,14 @@ def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome, attempt
 def requeue_after_shutdown(
     job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome, attempt: int | None = None
 ) -> str:
-    """The worker is stopping: put the job back to resume from its checkpoint, or fail it if it has none."""
-    status = requeue_or_fail(job_id, settings, has_checkpoint=newest_checkpoint(paths.output_dir) is not None,
-                             message="the worker shut down while the job ran",
+    """The worker is stopping: put the job back to resume from its checkpoint, or from the start when it
+    has none yet. A stop is no fault of the job's (a deploy, or the worker's main process gone), so it
+    spends none of its restarts; failing it lost every job that had not reached its first checkpoint
+    (the chaos bench, R9: the worker main killed while runs were still loading their model)."""
+    checkpoint = newest_checkpoint(paths.output_dir)
+    start = f"from {checkpoint.name}" if checkpoint is not None else "from the start (no checkpoint yet)"
+    status = requeue_or_fail(job_id, settings, has_checkpoint=True,
+                             message=f"the worker shut down while the job ran; it runs again {start}",
                              requeue_reason=ErrorReason.shutdown_requeue, attempt=attempt)  # fmt: skip
     if status != JobStatus.queued.value:
         store_artifacts(job_id, settings, paths)

@@ -19,10 +19,12 @@ from bench.chaos_proxy import TcpProxy
 from service_core.db import Base, Job, JobEvent, MetricPoint
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
-from service_core.status import ErrorReason
+from service_core.status import ErrorReason, JobStatus
+from tests.api.test_jobs import drain_broker
 from trainer_core.events import make_event
-from worker.execute import execute_job, session_factory
+from worker.execute import claim, execute_job, requeue_after_shutdown, session_factory
 from worker.ingest import EventIngestor
+from worker.outcome import RunOutcome
 from worker.paths import run_paths
 
 from .conftest import JobFactory, create_pg_database, drop_pg_database, load_job, make_settings, quick_spec
@@ -179,3 +181,21 @@ def test_a_run_survives_a_database_outage_and_stores_every_event(
         ).scalars().all()
     assert job.progress_step > before  # it trained through and after the outage
     assert steps == list(range(1, job.progress_step + 1))  # no event lost or repeated across the outage
+
+
+def test_a_worker_shutdown_before_the_first_checkpoint_requeues_from_the_start(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    # Found by the chaos bench (R9): a worker main killed while a run still loaded its model stopped
+    # the slot, which failed the job (worker_lost) for want of a checkpoint; a stop is no fault of the job.
+    job_id = make_job(sqlite_settings, quick_spec(sentiment_files))
+    claimed = claim(job_id, sqlite_settings)
+    assert claimed is not None
+    stopped = RunOutcome(JobStatus.cancelled, ErrorReason.shutdown_requeue, stopped_by=ErrorReason.shutdown_requeue)
+    paths = run_paths(job_id, sqlite_settings)
+    assert requeue_after_shutdown(job_id, sqlite_settings, paths, stopped, claimed[0]) == "queued"
+    job = load_job(sqlite_settings, job_id)
+    assert (job.status, job.error_reason) == ("queued", None)
+    requeue = status_events(sqlite_settings, job_id)[-1]
+    assert requeue["reason"] == ErrorReason.shutdown_requeue and "from the start" in str(requeue["message"])
+    assert drain_broker(sqlite_settings, job.queue) == [{"task": "trainjobs.run_job", "args": [job_id]}]
