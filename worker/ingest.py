@@ -20,11 +20,11 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service_core.db.jobstore import FencedOut, add_events, fence
-from service_core.db.models import Job, MetricPoint
+from service_core.db.models import Job, JobEvent, MetricPoint
 from trainer_core.events import Event
 from worker.lease import fenced_out
 
@@ -44,6 +44,11 @@ def event_time(event: Event) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def as_utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def event_data(event: Event) -> dict[str, Any]:
@@ -89,6 +94,8 @@ class EventIngestor:
         self.min_progress_gap_s = 1.0 / progress_rows_per_s if progress_rows_per_s > 0 else 0.0
         self.pending: list[Event] = []
         self.held_progress: Event | None = None  # newest progress event not stored yet (throttled)
+        # Events at the head of ``pending`` whose write failed: it may have committed all the same.
+        self.unsure = 0
         self.last_progress_row_at = float("-inf")
         self.last_flush_at = time.monotonic()
         self.latest_metrics: dict[str, Any] = {}
@@ -135,7 +142,8 @@ class EventIngestor:
         batch = list(self.pending)
         try:
             with self.session_factory() as session:
-                self._write(session, batch)
+                unsure = batch[: self.unsure]
+                self._write(session, batch[len(unsure) :] if unsure and self._landed(session, unsure) else batch)
                 if held is not None:
                     # Not stored as a row yet (throttled), but the job's fields follow it already.
                     self._update_job(session, self._progress_fields(held))
@@ -144,9 +152,34 @@ class EventIngestor:
             assert self.attempt is not None  # only a fenced write raises it
             fenced_out(self.job_id, self.attempt, str(exc))
             raise
+        except BaseException:
+            # The connection may have died after the server committed: the next try looks first.
+            self.unsure = len(batch)
+            raise
+        self.unsure = 0
         # Only now: a failed write (the database away) keeps the batch for the next try, in order.
         del self.pending[: len(batch)]
         return len(batch)
+
+    def _landed(self, session: Session, batch: list[Event]) -> bool:
+        """Whether ``batch`` is already stored: a write that failed at COMMIT may have committed.
+
+        Only this ingestor writes the job's non-status events (other attempts are fenced out), so
+        after a failed write the newest ones are either that batch, in order, or older ones. Each
+        event carries the run's own millisecond timestamp, so an older event cannot pass for it.
+        """
+        rows = session.execute(
+            select(JobEvent.kind, JobEvent.data, JobEvent.time)
+            .where(JobEvent.job_id == self.job_id, JobEvent.kind != "status")
+            .order_by(JobEvent.seq.desc())
+            .limit(len(batch))
+        ).all()
+        stored = [(kind, data, as_utc(time)) for kind, data, time in reversed(rows)]
+        wanted = [(str(e["event"]), event_data(e), event_time(e)) for e in batch]
+        return len(stored) == len(wanted) and all(
+            s_kind == w_kind and s_data == w_data and (w_time is None or s_time == w_time)
+            for (s_kind, s_data, s_time), (w_kind, w_data, w_time) in zip(stored, wanted, strict=True)
+        )
 
     def _update_job(self, session: Session, fields: dict[str, Any]) -> None:
         result = session.execute(update(Job).where(Job.id == self.job_id, *self.fence).values(**fields))

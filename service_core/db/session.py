@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service_core.settings import get_settings
 
 CONNECT_TIMEOUT_S = 5
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"  # PostgreSQL's SQLSTATE: the server ended an idle transaction
 # Errors that say the database is unreachable or saturated, not that a statement or a row is wrong:
 # the API answers them with 503, the worker rides them out (worker/db_retry.py).
 DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
@@ -46,6 +47,18 @@ def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
             # history (bench/bench_history.py, history_plans.py). A plan per execution costs ~0.1 ms.
             dbapi_conn.execute("SET plan_cache_mode = force_custom_plan")
             dbapi_conn.commit()  # left in a transaction, the pool's rollback on return would undo it
+
+        @event.listens_for(engine, "handle_error")
+        def _idle_timeout_is_unavailable(ctx: Any) -> Exception | None:
+            # A worker slot's connections end a transaction idle past the lease (worker/main.py:
+            # slot_database_url). psycopg reports that as an InternalError (SQLSTATE 25P03), but for
+            # the caller it is a lost connection: the transaction was rolled back and a retry on a
+            # new connection is right (its writes are fenced by attempt). Without this a slot that
+            # was merely slow under load failed a healthy job (chaos R6 on a loaded machine).
+            if getattr(ctx.original_exception, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT:
+                ctx.is_disconnect = True
+                return sa_exc.OperationalError(ctx.statement, ctx.parameters, ctx.original_exception)
+            return None
 
     if url.startswith("sqlite"):
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from service_core.db import JobEvent, MetricPoint
 from service_core.db.session import session_scope
@@ -137,3 +142,45 @@ def test_held_progress_goes_out_before_later_events(db_settings: Settings, make_
     with session_scope(db_settings.database_url) as s:
         rows = s.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)).scalars().all()
     assert [(r.kind, r.data.get("step")) for r in rows] == [("progress", 1), ("progress", 2), ("metric", 2)]
+
+
+def test_a_write_that_committed_before_its_connection_died_is_not_stored_twice(
+    db_settings: Settings, make_job: JobFactory
+) -> None:
+    """The database committed the batch, then the connection died before the worker heard so (chaos
+    R7 saw one loss point twice). The retry must find the batch stored and not write it again; a
+    batch whose transaction really failed is still written on the next try."""
+    job_id = make_job(db_settings, {"name": "commit-then-lost"})
+    real = session_factory(db_settings)
+    lose_after_commit = {"on": False}
+
+    @contextmanager
+    def factory() -> Iterator[Session]:
+        with real() as session:
+            yield session
+        if lose_after_commit["on"]:  # the COMMIT above went through; its answer is what got lost
+            raise OperationalError("COMMIT", {}, ConnectionError("server closed the connection"))
+
+    ingestor = EventIngestor(job_id, factory, progress_rows_per_s=0)
+    ingestor.add(make_event("metric", step=1, values={"loss": 1.0}))
+    assert ingestor.flush() == 1
+    lose_after_commit["on"] = True
+    ingestor.add(make_event("metric", step=2, values={"loss": 0.5}))
+    ingestor.add(make_event("log", message="same batch"))
+    with pytest.raises(OperationalError):
+        ingestor.flush()
+    lose_after_commit["on"] = False
+    ingestor.add(make_event("metric", step=3, values={"loss": 0.25}))
+    assert ingestor.flush() == 3  # the uncertain batch (found stored) and the new event
+    rows, points = stored(db_settings, job_id)
+    assert [(r.kind, r.data.get("step")) for r in rows] == [("metric", 1), ("metric", 2), ("log", None), ("metric", 3)]
+    assert [p.step for p in points] == [1, 2, 3]
+
+    # A transaction that did not commit (it failed inside) is written on the retry, once.
+    ingestor.add(make_event("metric", step=4, values={"loss": 0.125}))
+    ingestor.pending.append({"event": "metric", "step": "not-a-number", "values": {}})  # fails in _write
+    with pytest.raises(ValueError):
+        ingestor.flush()
+    ingestor.pending.pop()
+    assert ingestor.flush() == 1
+    assert [p.step for p in stored(db_settings, job_id)[1]] == [1, 2, 3, 4]

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, text, update
 from sqlalchemy.exc import OperationalError
 
 from bench.chaos_proxy import TcpProxy
 from service_core.db import Base, Job, JobEvent, MetricPoint
-from service_core.db.session import get_engine, session_scope
+from service_core.db.session import DATABASE_UNAVAILABLE, get_engine, make_engine, session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from tests.api.test_jobs import drain_broker
@@ -199,3 +200,22 @@ def test_a_worker_shutdown_before_the_first_checkpoint_requeues_from_the_start(
     requeue = status_events(sqlite_settings, job_id)[-1]
     assert requeue["reason"] == ErrorReason.shutdown_requeue and "from the start" in str(requeue["message"])
     assert drain_broker(sqlite_settings, job.queue) == [{"task": "trainjobs.run_job", "args": [job_id]}]
+
+
+@pytest.mark.postgres
+def test_a_transaction_the_server_ended_for_idling_is_a_database_blip() -> None:
+    """A slot's connections end transactions idle past the lease (worker/main.py). psycopg calls
+    that an InternalError; the worker must treat it as the database being away (retry on a new
+    connection, fenced by attempt), not as a fatal error that fails a healthy job (chaos R6)."""
+    engine = make_engine(
+        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres?options=-c idle_in_transaction_session_timeout=200"
+    )
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+        time.sleep(0.6)  # inside the transaction, past the server's idle timeout
+        with pytest.raises(DATABASE_UNAVAILABLE) as caught:
+            conn.execute(text("SELECT 2"))
+    assert getattr(caught.value.orig, "sqlstate", None) == "25P03"
+    with engine.connect() as conn:  # the dead connection left the pool: the next one works
+        assert conn.execute(text("SELECT 3")).scalar() == 3
+    engine.dispose()
