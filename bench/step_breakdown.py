@@ -18,6 +18,7 @@ evaluation after training) are left out.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,6 +63,7 @@ class StepBreakdown:
     def _wrap(self, owner: Any, name: str, part: str, when: Callable[[], bool] = lambda: True) -> None:
         original = getattr(owner, name)
 
+        @functools.wraps(original)  # Trainer reads the model forward's signature through it
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not when():
                 return original(*args, **kwargs)
