@@ -9,16 +9,23 @@ accuracy, and each run's ratio to the tuned script (goal: both trainjobs backend
   (with the lengths computed once by the tokenizer, as an experienced user does);
 - trainjobs with the ``trainer`` backend and with the ``accelerate`` backend.
 
+Every run is timed part by part (``bench/step_breakdown.py``): per optimizer step, the CPU and wall
+milliseconds of data loading, forward, backward, optimizer (step, zero_grad, clipping), checkpoint
+writes and everything else the loop does, printed as a second table (CPU time counts only this
+process's own work, so it stays readable on a busy machine) and written to ``--breakdown-json``.
+
 The text has realistic, varied lengths: log-normal word counts with a median of about 20 words and a
 long tail (a few reviews over 200 words), generated deterministically; ``max_length`` 256.
 
     .venv/bin/python bench/bench_training.py [--train 640] [--epochs 1] [--max-length 256] [--repeats 2]
+        [--breakdown-json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import random
@@ -34,6 +41,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
+from step_breakdown import PARTS, StepBreakdown
 
 TUTORIAL = "tutorial Trainer (pad to max_length)"
 TUNED = "tuned Trainer (dyn. padding + group_by_length)"
@@ -146,6 +154,15 @@ def run_hf_trainer(files: dict[str, str], model_path: str, args: argparse.Namesp
             "accuracy": trainer.evaluate()["eval_accuracy"]}
 
 
+def model_class(model_path: str) -> type:
+    """The class both the scripts and trainjobs build for the model (whose forward the breakdown times)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    mapping = AutoModelForSequenceClassification._model_mapping  # type: ignore[attr-defined]
+    cls: type = mapping[type(AutoConfig.from_pretrained(model_path))]
+    return cls
+
+
 def compare(model: str, args: argparse.Namespace, root: Path) -> dict[str, dict]:
     """Every variant ``args.repeats`` times; each variant's fastest run, keyed by its name."""
     files = write_data(root, args.train, args.val)
@@ -162,8 +179,10 @@ def compare(model: str, args: argparse.Namespace, root: Path) -> dict[str, dict]
         order = list(runners) if repeat % 2 == 0 else list(reversed(runners))
         for i, name in enumerate(order):
             started = time.perf_counter()
-            result = runners[name](root / f"run-{repeat}-{i}")
+            with StepBreakdown(model_class(model)) as parts:
+                result = runners[name](root / f"run-{repeat}-{i}")
             result["wall_s"] = time.perf_counter() - started
+            result["breakdown"] = parts.report()
             best = results.get(name)
             if best is None or result["samples_per_s"] > best["samples_per_s"]:
                 results[name] = result
@@ -193,6 +212,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--precision", choices=["no", "bf16", "fp16"], default="no", help="mixed precision, all runs")
     p.add_argument("--repeats", type=int, default=2, help="runs per variant; the fastest counts")
+    p.add_argument("--breakdown-json", type=Path, default=None, help="also write every figure here")
     return p
 
 
@@ -222,6 +242,24 @@ def main() -> None:
         print(f"{row['name']:48} {row['samples_per_s']:10.1f} {row['accuracy']:9.3f} {row['vs_tuned']:8.2f}x "
               f"{row['vs_tutorial']:11.2f}x {row['wall_s']:7.1f}  {row['status']}")
     print(f"(best of {args.repeats} runs each; total wall time {wall:.0f} s)")
+    print_breakdown(results)
+    if args.breakdown_json is not None:
+        args.breakdown_json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                   "results": results}, indent=2))  # fmt: skip
+
+
+def print_breakdown(results: dict[str, dict]) -> None:
+    """Per optimizer step, CPU ms (wall ms) of each part, for each variant's counted run."""
+    columns = [*PARTS, "other", "total"]
+    print("\nms per optimizer step, CPU (wall), from the counted run of each variant:")
+    print(f"{'run':48} " + " ".join(f"{c:>15}" for c in columns))
+    for name, result in results.items():
+        parts = result.get("breakdown") or {}
+        if not parts:
+            print(f"{name:48} (no steps recorded)")
+            continue
+        cells = [f"{parts[c]['cpu_ms']:6.0f} ({parts[c]['wall_ms']:6.0f})" for c in columns]
+        print(f"{name:48} " + " ".join(f"{c:>15}" for c in cells) + f"  {parts['steps']} steps")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset, DatasetDict
@@ -71,6 +74,60 @@ def preflight(spec: JobSpec) -> PreflightReport:
     if errors:
         raise PreflightError(errors, report)
     return report
+
+
+# Characters that make a data_files entry a pattern: its files can change without any stat showing it.
+_PATTERN_CHARS = frozenset("*?[{")
+
+
+def _file_stamp(path: Path) -> tuple[str, int, int, int]:
+    stat = path.stat()
+    return str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino
+
+
+def _data_stamps(spec: JobSpec) -> tuple[Hashable, ...] | None:
+    """Stat of every local file preflight reads for the data; None when a stat cannot tell (patterns, folders)."""
+    ds = spec.dataset
+    if ds.path not in BUILTIN_DATASET_BUILDERS or "://" in json.dumps([ds.data_files, ds.data_dir]):
+        return ()  # not read before the run (see _check_data): nothing on disk to depend on
+    if ds.data_dir is not None or ds.data_files is None or ds.path in FOLDER_EXTENSIONS:
+        return None
+    files = ds.data_files.values() if isinstance(ds.data_files, dict) else [ds.data_files]
+    paths = [p for entry in files for p in ([entry] if isinstance(entry, str) else entry)]
+    if any(_PATTERN_CHARS & set(p) for p in paths):
+        return None
+    return tuple(_file_stamp(Path(p)) for p in paths)
+
+
+def _model_stamps(spec: JobSpec) -> tuple[Hashable, ...] | None:
+    """Stat of the local model/tokenizer folders' files; None for a hub id (the cache may change)."""
+    sources = [s for s in (spec.model.name_or_path, spec.model.tokenizer, spec.model.processor) if s is not None]
+    stamps: list[Hashable] = []
+    for source in sources:
+        folder = Path(source).expanduser()
+        if not source.startswith(("/", ".", "~")) or not folder.is_dir():
+            return None
+        stamps.append(_file_stamp(folder))  # a file added or removed changes the folder's mtime
+        stamps.extend(_file_stamp(f) for f in sorted(folder.iterdir()) if f.is_file())
+    return tuple(stamps)
+
+
+def preflight_key(spec: JobSpec) -> Hashable | None:
+    """What :func:`preflight`'s answer for ``spec`` depends on, or None when that cannot be told cheaply.
+
+    The spec parts it reads (task, dataset, model) and the size, mtime and inode of every local file
+    it would read: equal keys mean an equal answer, so a caller may reuse a passing report. A file
+    that changed, appeared or went away changes the key; globs, folders and hub ids give None.
+    A named file that is missing gives None too (preflight itself then says which).
+    """
+    try:
+        data, model = _data_stamps(spec), _model_stamps(spec)
+    except OSError:
+        return None
+    if data is None or model is None:
+        return None
+    parts = spec.model_dump_json(include={"task", "dataset", "model"})
+    return parts, data, model, os.environ.get("HF_HUB_OFFLINE", "")
 
 
 def _check_data(spec: JobSpec, report: PreflightReport) -> None:
@@ -173,4 +230,4 @@ def _check_media(spec: JobSpec, rows: Dataset, split_name: str) -> None:
             raise SpecError([FieldError(field_name, message)]) from exc
 
 
-__all__ = ["PreflightError", "PreflightReport", "preflight"]
+__all__ = ["PreflightError", "PreflightReport", "preflight", "preflight_key"]

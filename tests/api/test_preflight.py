@@ -220,3 +220,16 @@ def test_a_submit_during_the_warm_up_is_a_503_not_a_race(
     assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
     client.app.state.warmed_up.set()  # type: ignore[attr-defined]
     assert client.post("/v1/jobs", json=make_spec(), headers=keys.auth(keys.alice)).status_code == 201
+
+
+def test_a_passing_report_is_reused_only_while_the_data_is_unchanged(
+    client: TestClient, keys: Keys, session: Session, settings: Settings
+) -> None:
+    path = settings.data_root / "again" / "train.csv"
+    write_csv(path, "text,label\ngood,pos\nbad,neg\n")
+    spec = make_spec(dataset={"path": "csv", "data_files": {"train": "again/train.csv"}})
+    answers = [client.post("/v1/jobs?dry_run=true", json=spec, headers=keys.auth(keys.alice)) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].json()["preflight"] == answers[1].json()["preflight"]
+    write_csv(path, "text,stars\ngood,pos\nbad,neg\nfine,pos\n")  # the label column is gone now
+    assert fields(refused(client, keys, session, settings, spec)) == ["dataset.label_column"]

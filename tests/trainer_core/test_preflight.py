@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer_core import datagen
 from trainer_core.data.peek import HEAD_BYTES, HEAD_ROWS
-from trainer_core.preflight import PreflightError, preflight
+from trainer_core.preflight import PreflightError, preflight, preflight_key
 from trainer_core.spec import parse_spec
 from trainjobs.cli import main
 
@@ -101,3 +101,18 @@ def test_remote_data_files_are_left_to_the_run(tmp_path: Path) -> None:
     spec = datagen.tiny_text_spec({"train": "https://example.org/train.csv"})
     report = preflight(parse_spec(spec))
     assert "data_files" not in report.checks and report.notes == ["remote data files: not read before the run"]
+
+
+def test_preflight_key_follows_the_files_it_reads(tmp_path: Path) -> None:
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\ngood,pos\nbad,neg\n")
+    spec = parse_spec(datagen.tiny_text_spec({"train": str(train)}))
+    key = preflight_key(spec)
+    assert key is not None and preflight_key(spec) == key
+    assert preflight_key(spec.model_copy(update={"name": "another-name"})) == key  # not read by preflight
+    train.write_text("text,label\ngood,pos\nbad,neg\nfine,pos\n")
+    assert preflight_key(spec) != key  # changed file: checked again
+    train.unlink()
+    assert preflight_key(spec) is None  # missing file: preflight itself must say so
+    pattern = parse_spec(datagen.tiny_text_spec({"train": str(tmp_path / "*.csv")}))
+    assert preflight_key(pattern) is None  # a glob may match other files next time

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.trainer_core import datagen
 from tests.trainer_core.runhelpers import BACKENDS, done_event, logged_losses, run, text_spec
@@ -61,3 +62,22 @@ def test_every_optimizer_lowers_the_loss_and_reports_its_state(tmp_path: Path, b
         assert state < fp32_adam_state  # some moments really are 8-bit
     else:
         assert state < fp32_adam_state / 4  # Adafactor keeps factored second moments only
+
+
+
+def test_adamw_on_the_cpu_is_the_fused_kernel_and_matches_the_loop(tmp_path: Path) -> None:
+    # What Trainer's default (adamw_torch_fused) picks; torch's CPU default is a per-tensor loop
+    # several times slower. Same update: one step from the same gradients gives the same weights.
+    spec = text_spec(tmp_path / "data", "accelerate", n_train=8)
+    data = prepare_data(spec, None)
+    models = [build_training_model(spec, data.labels) for _ in range(2)]
+    fused, twin = (build_optimizer(m, spec.optimizer, 1e-2, 0.01) for m in models)
+    assert fused.defaults["fused"] is True
+    loop = torch.optim.AdamW([{**g, "fused": None, "foreach": False} for g in twin.param_groups], lr=1e-2)
+    batch = data.collator([data.train[i] for i in range(4)])
+    for model, optimizer in zip(models, (fused, loop), strict=True):
+        torch.manual_seed(0)  # the same dropout masks
+        model(**batch).loss.backward()
+        optimizer.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b)

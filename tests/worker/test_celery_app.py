@@ -107,3 +107,12 @@ def test_embedded_broker_keeps_jobs_in_submission_order(tmp_path: Path) -> None:
 def test_enqueueing_does_not_load_torch() -> None:
     code = "import sys, service_core.queue; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_embedded_broker_consumers_poll_every_tenth_of_a_second(tmp_path: Path) -> None:
+    # kombu's 1 s default put 0.5 s on average between a submit and its pickup.
+    from worker.celery_app import EMBEDDED_POLL_S
+
+    settings = make_settings(tmp_path)
+    with celery_for(settings).connection_for_read() as conn:
+        assert conn.transport.polling_interval == EMBEDDED_POLL_S == 0.1
