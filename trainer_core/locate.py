@@ -15,7 +15,7 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, Repositor
 from transformers import AutoConfig, PretrainedConfig
 
 from trainer_core.modeling import MODEL_CLASSES, config_from_dict
-from trainer_core.spec import FieldError, JobSpec
+from trainer_core.spec import TEXT_TASKS, FieldError, JobSpec
 
 HUB_TIMEOUT_S = 3.0
 WEIGHT_FILES = (
@@ -122,8 +122,8 @@ def _check_pretrained(spec: JobSpec, errors: list[FieldError], report: dict[str,
 
 
 def _check_processor(spec: JobSpec, errors: list[FieldError], report: dict[str, str]) -> None:
-    own = spec.model.tokenizer if spec.task == "text-classification" else spec.model.processor
-    kind = "tokenizer" if spec.task == "text-classification" else "processor"
+    own = spec.model.tokenizer if spec.task in TEXT_TASKS else spec.model.processor
+    kind = "tokenizer" if spec.task in TEXT_TASKS else "processor"
     source = own or spec.model.name_or_path
     if source is None:
         return  # config-built: a tokenizer is trained, a default processor is made

@@ -40,8 +40,10 @@ def lm_rows(shape: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
             turns = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
             if rng.random() < 0.5:
                 other = rng.choice(SUBJECTS)
-                turns += [{"role": "user", "content": f"and {other}?"},
-                          {"role": "assistant", "content": _answer(rng, other)}]
+                turns += [
+                    {"role": "user", "content": f"and {other}?"},
+                    {"role": "assistant", "content": _answer(rng, other)},
+                ]
             rows.append({"messages": turns})
     return rows
 

@@ -75,9 +75,9 @@ class LMEncoder:
                 rows.append((full, list(full)))
         else:
             prompts = tok(_texts(batch[self.prompt_column], "prompt_column"), add_special_tokens=False)["input_ids"]
-            completions = tok(
-                _texts(batch[self.completion_column], "completion_column"), add_special_tokens=False
-            )["input_ids"]
+            completions = tok(_texts(batch[self.completion_column], "completion_column"), add_special_tokens=False)[
+                "input_ids"
+            ]
             for prompt, completion in zip(prompts, completions, strict=True):
                 context = [*head, *prompt]
                 target = [*completion, eos]
@@ -99,9 +99,13 @@ def _messages(value: Any, column: str) -> list[dict[str, str]]:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise spec_error("dataset.messages_column", f"a {column!r} cell is not JSON: {exc}") from exc
-    ok = isinstance(value, list) and value and all(
-        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in value
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value
+        )
     )
     if not ok:
         raise spec_error(

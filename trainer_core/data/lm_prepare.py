@@ -55,9 +55,7 @@ def check_vocabulary(spec: JobSpec, tokenizer: PreTrainedTokenizerBase, config: 
     vocab_size = getattr(config, "vocab_size", None)
     if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
         field = "model.config.vocab_size" if spec.model.config is not None else "model.tokenizer"
-        raise spec_error(
-            field, f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}"
-        )
+        raise spec_error(field, f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}")
 
 
 def encode_lm_splits(

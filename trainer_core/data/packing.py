@@ -8,6 +8,16 @@ transformers then finds the example boundaries from where ``position_ids`` resta
 (``masking_utils.find_packed_sequence_indices``: a block-diagonal causal mask for eager and sdpa;
 flash attention reads the same boundaries from ``position_ids``). A model whose attention does not
 take that route would attend across examples, so :func:`packing_error` refuses it.
+
+Why one flattened sequence rather than a ``[batch, max_length]`` batch of packed rows: flash attention
+detects packed sequences only at batch size 1 (``_is_packed_sequence``), so rows kept apart would let
+it attend across examples. The price under eager/sdpa is a block-diagonal mask over the whole flattened
+batch: attention work grows with ``(batch x max_length)^2`` instead of ``batch x max_length^2``.
+
+The model must run without a KV cache (``use_cache=False``): transformers skips the packed-sequence
+detection when a cache is passed, and models create one whenever ``config.use_cache`` is true, in
+training mode too. Trainer sets ``config.use_cache = TrainingArguments.use_cache`` (False); a custom
+loop must set ``model.config.use_cache = False`` itself.
 """
 
 from __future__ import annotations

@@ -99,6 +99,8 @@ def prepare_data(
         if entry is not None:
             logger.info("preprocessing cache hit: %s", Path(cache_dir) / key)
             processor = load_saved_processor(spec.task, entry.processor_dir)
+            if spec.task == "causal-lm":  # the model's config is not part of the key
+                check_vocabulary(spec, processor, config)
             return _prepared(spec, entry.train, entry.eval, entry.labels, processor, cache_hit=True, key=key)
 
     train, eval_split = select_splits(spec, load_raw(spec))

@@ -16,7 +16,14 @@ from trainer_core.data.causal_lm import LMCollator
 from trainer_core.data.image import ImageCollator, ImageEncoder, load_image_processor
 from trainer_core.data.loading import spec_error
 from trainer_core.data.packing import FlatteningCollator
-from trainer_core.data.text import TextCollator, TextEncoder, load_tokenizer, tokenizer_source, train_tokenizer_for
+from trainer_core.data.text import (
+    TextCollator,
+    TextEncoder,
+    lm_tokenizer_source,
+    load_tokenizer,
+    tokenizer_source,
+    train_tokenizer_for,
+)
 from trainer_core.modeling import config_from_dict
 from trainer_core.spec import TEXT_TASKS, JobSpec
 
@@ -59,8 +66,7 @@ def load_processor(
     """
     config = model_config if model_config is not None else default_model_config(spec)
     if spec.task == "causal-lm":
-        if tokenizer_source(spec) is None:
-            raise spec_error("model.tokenizer", "causal-lm with a config-built model needs a tokenizer named here")
+        lm_tokenizer_source(spec)
         return load_tokenizer(spec)
     if spec.task == "text-classification":
         if not trains_tokenizer(spec):

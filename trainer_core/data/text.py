@@ -34,6 +34,14 @@ def tokenizer_source(spec: JobSpec) -> str | None:
     return spec.model.tokenizer or spec.model.name_or_path
 
 
+def lm_tokenizer_source(spec: JobSpec) -> str:
+    """causal-lm's tokenizer: one must be named (its special tokens and chat template matter)."""
+    source = tokenizer_source(spec)
+    if source is None:
+        raise spec_error("model.tokenizer", "causal-lm with a config-built model needs a tokenizer named here")
+    return source
+
+
 def load_tokenizer(spec: JobSpec) -> PreTrainedTokenizerBase:
     """The named tokenizer; the model's revision applies only when it comes from the model itself."""
     source = tokenizer_source(spec)

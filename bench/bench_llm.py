@@ -1,0 +1,261 @@
+"""LLM fine-tuning speed: trainjobs' LoRA and QLoRA against the PEFT + Trainer script PEFT's docs show.
+
+One run fine-tunes the same tiny Llama (random weights, saved to disk once so every variant loads the
+same checkpoint) on the same generated prompt/completion data, with the same adapter (r 16, alpha 32,
+dropout 0.05, all linear layers), batch, learning rate, precision and epochs, and prints tokens/s
+(counted tokens: every non-padding token of the training rows, over ``train_runtime``) side by side:
+
+- the *PEFT script*: ``get_peft_model(model, LoraConfig(...))`` and 🤗 ``Trainer`` as PEFT's quicktour
+  writes it; for QLoRA the base is loaded with ``BitsAndBytesConfig(load_in_4bit=True, nf4, double quant)``
+  and passed through ``prepare_model_for_kbit_training`` (gradient checkpointing off, as in the spec).
+  Prompt tokens are masked to -100 and batches padded by ``DataCollatorForSeq2Seq``; with packing, the
+  script packs rows itself (greedy to ``max_length``, positions restarting per example) and flattens
+  batches like ``DataCollatorWithFlattening``;
+- trainjobs (``trainer_core.run.run_job``, the ``trainer`` backend by default) on the same spec.
+
+Each pair runs without and with ``preprocessing.packing``; the goal is trainjobs >= 1.0x the script.
+
+    .venv/bin/python bench/bench_llm.py [--train 512] [--max-length 256] [--batch 8] [--repeats 2]
+        [--adapters lora,qlora] [--backend trainer] [--only baseline]
+
+``--only baseline`` runs just the PEFT scripts (useful before trainjobs can train causal-lm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+GOAL = 1.0  # trainjobs tokens/s over the PEFT script's
+LORA = {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"}
+SUBJECTS = ["the movie", "this film", "the food", "our stay", "the service", "the book", "the concert", "the hotel"]
+WORDS = ["plot", "acting", "music", "scenes", "story", "cast", "ending", "camera", "pacing", "was", "felt",
+         "really", "quite", "and", "but", "also", "overall", "good", "bad", "long", "short", "warm"]  # fmt: skip
+
+
+def write_data(root: Path, n: int, seed: int = 0) -> dict[str, str]:
+    """``train.jsonl`` of prompt/completion rows whose completions vary in length (5 to ~200 words)."""
+    rng = random.Random(seed)
+    path = root / "train.jsonl"
+    with path.open("w", encoding="utf-8") as fh:
+        for _ in range(n):
+            subject = rng.choice(SUBJECTS)
+            words = max(5, min(200, round(rng.lognormvariate(3.2, 0.8))))
+            answer = " ".join(rng.choice(WORDS) for _ in range(words))
+            fh.write(json.dumps({"prompt": f"what did you think of {subject}?", "completion": f" {answer}."}) + "\n")
+    return {"train": str(path)}
+
+
+def write_model(root: Path, files: dict[str, str], args: argparse.Namespace) -> Path:
+    """A tiny random Llama and a WordPiece tokenizer trained on the data, saved as one checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from trainer_core.data.text import train_wordpiece
+
+    texts = Path(files["train"]).read_text(encoding="utf-8").splitlines()
+    tokenizer = train_wordpiece(texts, 512, model_max_length=args.max_length, with_token_types=False)
+    config = LlamaConfig(
+        hidden_size=args.hidden, intermediate_size=args.hidden * 4, num_hidden_layers=args.layers,
+        num_attention_heads=8, num_key_value_heads=4, vocab_size=len(tokenizer),
+        max_position_embeddings=args.max_length, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    path = root / "tiny-llama"
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _adapter(kind: str) -> dict[str, Any]:
+    return {"type": kind, **LORA, **({"compute_dtype": "bf16"} if kind == "qlora" else {})}
+
+
+def lm_spec(kind: str, packing: bool, model: Path, files: dict[str, str], args: argparse.Namespace) -> dict:
+    """The trainjobs spec both sides share the settings of."""
+    return {
+        "name": f"bench-{kind}", "task": "causal-lm", "model": {"name_or_path": str(model)},
+        "dataset": {"path": "json", "data_files": files},
+        "preprocessing": {"max_length": args.max_length, "packing": packing},
+        "training": {"backend": args.backend, "num_train_epochs": 1, "per_device_train_batch_size": args.batch,
+                     "learning_rate": args.lr, "seed": 42, "eval_strategy": "no", "logging_steps": 50,
+                     "save_steps": 100_000},
+        "adapter": _adapter(kind),
+    }  # fmt: skip
+
+
+def counted_tokens(spec: dict, cache: Path) -> int:
+    """Non-padding tokens of the training rows as trainjobs prepares them (the same for the script)."""
+    from trainer_core.data import prepare_data
+    from trainer_core.spec import parse_spec
+
+    return int(sum(prepare_data(parse_spec(spec), cache).train["length"]))
+
+
+def run_trainjobs(spec: dict, out: Path, cache: Path) -> dict[str, float]:
+    """One trainjobs run in this process; the training time from its ``done`` summary."""
+    from trainer_core.events import EventCollector
+    from trainer_core.run import run_job
+    from trainer_core.spec import parse_spec
+
+    events = EventCollector()
+    status = run_job(parse_spec(spec), out, emit=events, cache_dir=cache)
+    summary = events.of_kind("done")[-1]["summary"]
+    assert status == "succeeded", summary
+    return {"runtime_s": summary["train"]["train_runtime_s"], "loss": summary["train"]["train_loss"]}
+
+
+def _peft_model(kind: str, model_path: Path) -> Any:
+    """Base model plus LoRA adapter, as PEFT's quicktour and its QLoRA guide build it."""
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if kind == "qlora":
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=bnb)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path)
+    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=LORA["r"], lora_alpha=LORA["alpha"],
+                        lora_dropout=LORA["dropout"], target_modules=LORA["target_modules"])  # fmt: skip
+    return get_peft_model(model, config)
+
+
+def _script_rows(tokenizer: Any, files: dict[str, str], max_length: int) -> list[dict[str, list[int]]]:
+    """Prompt + completion + eos, prompt labels -100, truncated: the usual SFT preprocessing."""
+    rows = []
+    for line in Path(files["train"]).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        prompt = tokenizer(row["prompt"])["input_ids"][:-1]  # [CLS] + prompt (the trailing [SEP] dropped)
+        completion = [*tokenizer(row["completion"], add_special_tokens=False)["input_ids"], tokenizer.sep_token_id]
+        ids = (prompt + completion)[:max_length]
+        labels = ([-100] * len(prompt) + completion)[:max_length]
+        if any(label != -100 for label in labels[1:]):
+            rows.append({"input_ids": ids, "labels": labels})
+    return rows
+
+
+def _pack(rows: list[dict[str, list[int]]], max_length: int) -> list[dict[str, list[int]]]:
+    packed: list[dict[str, list[int]]] = []
+    for row in rows:
+        if not packed or len(packed[-1]["input_ids"]) + len(row["input_ids"]) > max_length:
+            packed.append({"input_ids": [], "labels": [], "position_ids": []})
+        packed[-1]["input_ids"] += row["input_ids"]
+        packed[-1]["labels"] += [-100, *row["labels"][1:]]
+        packed[-1]["position_ids"] += list(range(len(row["input_ids"])))
+    return packed
+
+
+def _flatten(features: list[dict[str, list[int]]]) -> dict[str, Any]:
+    import torch
+
+    return {k: torch.tensor([[v for f in features for v in f[k]]]) for k in ("input_ids", "labels", "position_ids")}
+
+
+def run_peft_script(kind: str, packing: bool, model_path: Path, files: dict[str, str], args: argparse.Namespace,
+                    out: Path) -> dict[str, float]:  # fmt: skip
+    """The user's own PEFT + Trainer script."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = _script_rows(tokenizer, files, args.max_length)
+    data = Dataset.from_list(_pack(rows, args.max_length) if packing else rows)
+    collator = _flatten if packing else DataCollatorForSeq2Seq(tokenizer, padding=True)
+    training_args = TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=args.batch, num_train_epochs=1, learning_rate=args.lr,
+        seed=42, eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=50,
+        use_cpu=not torch.cuda.is_available(),
+    )  # fmt: skip
+    trainer = Trainer(model=_peft_model(kind, model_path), args=training_args, train_dataset=data,
+                      data_collator=collator)  # fmt: skip
+    metrics = trainer.train().metrics
+    return {"runtime_s": metrics["train_runtime"], "loss": metrics["train_loss"],
+            "tokens": sum(len(r["input_ids"]) for r in rows)}  # fmt: skip
+
+
+def compare(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    """Every (adapter, packing) pair: script and trainjobs, ``args.repeats`` times each, fastest kept."""
+    files = write_data(root, args.train)
+    model = write_model(root, files, args)
+    rows = []
+    for kind in args.adapters:
+        for packing in (False, True):
+            spec = lm_spec(kind, packing, model, files, args)
+            runners: dict[str, Callable[[Path], dict[str, float]]] = {
+                "PEFT script": lambda out, k=kind, p=packing: run_peft_script(k, p, model, files, args, out)
+            }
+            if args.only != "baseline":
+                runners["trainjobs"] = lambda out, s=spec: run_trainjobs(s, out, root / "cache")
+            tokens = counted_tokens(spec, root / "cache")
+            best: dict[str, dict[str, float]] = {}
+            # A shared machine slows whichever run overlaps other work: alternate the order, keep the fastest.
+            for repeat in range(args.repeats):
+                order = list(runners) if repeat % 2 == 0 else list(reversed(runners))
+                for i, name in enumerate(order):
+                    result = runners[name](root / f"run-{kind}-{packing}-{repeat}-{i}")
+                    if name not in best or result["runtime_s"] < best[name]["runtime_s"]:
+                        best[name] = result
+            script_tokens = int(best["PEFT script"]["tokens"])
+            assert script_tokens == tokens, f"the script trained {script_tokens} tokens, trainjobs {tokens}"
+            for name, result in best.items():
+                rows.append({"adapter": kind, "packing": packing, "name": name, "tokens": tokens,
+                             "tokens_per_s": tokens / result["runtime_s"], "loss": result["loss"]})  # fmt: skip
+    return rows
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--train", type=int, default=512)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--adapters", type=lambda s: s.split(","), default=["lora", "qlora"])
+    p.add_argument("--backend", choices=["trainer", "accelerate"], default="trainer")
+    p.add_argument("--repeats", type=int, default=2, help="runs per variant; the fastest counts")
+    p.add_argument("--only", choices=["baseline"], default=None, help="run only the PEFT scripts")
+    return p
+
+
+def main() -> None:
+    import torch
+
+    args = parser().parse_args()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = compare(args, Path(tmp))
+    print(f"\ntiny Llama (hidden {args.hidden}, {args.layers} layers), {args.train} prompt/completion rows, "
+          f"batch {args.batch}, max_length {args.max_length}, backend {args.backend}, "
+          f"{'cuda' if torch.cuda.is_available() else 'cpu'}, torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(f"{'adapter':8} {'packing':8} {'run':12} {'tokens':>8} {'tokens/s':>10} {'loss':>7} {'vs script':>10}  "
+          f"goal >= {GOAL:.1f}x")  # fmt: skip
+    script = {(r["adapter"], r["packing"]): r["tokens_per_s"] for r in rows if r["name"] == "PEFT script"}
+    missed = False
+    for r in rows:
+        ratio = r["tokens_per_s"] / script[(r["adapter"], r["packing"])]
+        status = "-" if r["name"] == "PEFT script" else ("PASS" if ratio >= GOAL else "MISS")
+        missed |= status == "MISS"
+        print(f"{r['adapter']:8} {r['packing']!s:8} {r['name']:12} {r['tokens']:8d} {r['tokens_per_s']:10.0f} "
+              f"{r['loss']:7.3f} {ratio:9.2f}x  {status}")  # fmt: skip
+    print(f"(best of {args.repeats} runs each; total wall time {time.perf_counter() - started:.0f} s)")
+    raise SystemExit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()
