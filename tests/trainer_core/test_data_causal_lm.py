@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainer_core.llm_data import lm_spec, write_lm_jsonl, write_lm_tokenizer
 from tests.trainer_core.memory.llm_models import LLM_CONFIGS
+from trainer_core.backends.common import build_training_model
 from trainer_core.data import PreparedData, prepare_data
 from trainer_core.data.causal_lm import IGNORE_INDEX, LMEncoder
 from trainer_core.data.packing import packing_error
@@ -253,3 +254,22 @@ def test_packed_batch_has_the_same_loss_as_the_examples_unpadded(
     running = torch.cat([torch.arange(len(r["input_ids"])) for r in rows]).unsqueeze(0)
     leaky = {**flat, "position_ids": running}
     assert abs(_loss(model, leaky) - _loss(model, unpacked)) > 1e-2
+
+
+@pytest.mark.parametrize("adapter", [None, {"type": "lora", "r": 4, "alpha": 8, "dropout": 0.0}])
+def test_the_engines_training_model_keeps_packed_examples_apart(
+    chat_packed_and_plain: tuple[PreparedData, PreparedData], tokenizer_dir: Path, adapter: dict[str, Any] | None
+) -> None:
+    """The model both backends train (build_training_model, in training mode) must see a packed row as
+    separate examples: the Accelerate loop has no Trainer to turn the KV cache off for it."""
+    packed, plain = chat_packed_and_plain
+    rows = [packed.train[i] for i in range(3)]
+    n_examples = sum(r["position_ids"].count(0) for r in rows)
+    spec = lm_spec({"train": "unused.jsonl"}, tokenizer_dir, preprocessing={"max_length": 64, "packing": True})
+    spec["model"]["config"] = {**LLM_CONFIGS["llama"], "initializer_range": 0.2}
+    if adapter is not None:
+        spec["adapter"] = adapter
+    model = build_training_model(parse_spec(spec), [])
+    model.train()  # as the backends run it (the tiny Llama has no dropout, so the loss is deterministic)
+    packed_loss = _loss(model, packed.collator(rows))
+    assert packed_loss == pytest.approx(_loss(model, plain.collator([plain.train[i] for i in range(n_examples)])), rel=1e-5)

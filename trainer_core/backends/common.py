@@ -47,11 +47,17 @@ def build_training_model(spec: JobSpec, labels: list[str]) -> nn.Module:
         from trainer_core.lm_preflight import check_adapter_targets
 
         check_adapter_targets(spec)  # a field error, where PEFT would fail with a ValueError
-        return with_adapter(spec, build_base_model(spec, labels), checkpointing)
-    model = build_model(spec.task, spec.model, labels)
-    if checkpointing:
-        # Non-reentrant checkpointing works with frozen inputs and autocast; the reentrant kind does not.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+        model = with_adapter(spec, build_base_model(spec, labels), checkpointing)
+    else:
+        model = build_model(spec.task, spec.model, labels)
+        if checkpointing:
+            # Non-reentrant checkpointing works with frozen inputs and autocast; the reentrant kind does not.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+    if spec.task == "causal-lm":
+        # Training needs no KV cache, and with one transformers does not look for packed sequences, so
+        # a packed row's examples would attend to each other (trainer_core/data/packing.py). Trainer
+        # sets this from its arguments; the Accelerate loop has no one else to do it.
+        model.config.use_cache = False
     return model
 
 
