@@ -20,7 +20,6 @@ for the jobs finished over 360 days ago, timed.
 from __future__ import annotations
 
 import argparse
-import base64
 import io
 import json
 import math
@@ -84,15 +83,14 @@ def seed(dsn: str, first: int, jobs: int, points: int, caller: str, rng: random.
 
 def deep_cursor(dsn: str, caller: str) -> str:
     """The cursor of the job 90% of the way down the caller's list (newest first)."""
-    from api.routes.jobs import Cursor
+    from api.schemas.jobs import Cursor
 
     with psycopg.connect(dsn) as conn:
         total = conn.execute("SELECT count(*) FROM jobs WHERE owner = %s", (caller,)).fetchone()[0]  # type: ignore[index]
         row = conn.execute("SELECT created_at, id FROM jobs WHERE owner = %s ORDER BY created_at DESC, id DESC "
                            "OFFSET %s LIMIT 1", (caller, int(total * 0.9))).fetchone()  # fmt: skip
     assert row is not None
-    raw = Cursor(created_at=row[0], id=row[1]).model_dump_json().encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return Cursor(created_at=row[0], id=row[1]).encode()
 
 
 def timed(client: httpx.Client, method: str, path: str, expect: int, n: int, body: Any = None) -> list[float]:
