@@ -106,8 +106,9 @@ schema = load_schema()
 
 
 @pytest.fixture(scope="module")
-def fuzz_target(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base URL of the app served on a fresh PostgreSQL database; the schema calls it with alice's key."""
+def fuzz_target(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """How to call the app served on a fresh PostgreSQL database: its URL, alice's key, and a client
+    timeout longer than the check's bound, so a slow answer fails the check by name."""
     engine = create_engine(pg_url)
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(t.name for t in Base.metadata.sorted_tables)} CASCADE"))
@@ -141,11 +142,7 @@ def fuzz_target(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             ("/v1/jobs?dry_run=true", EXAMPLE_JOB_CREATE),
         ]:
             assert httpx.post(f"{url}{path}", json=body, headers=auth, timeout=300).status_code == 200
-        # A longer client timeout than the check's bound, so a slow answer fails the check by name.
-        schema.config.update(
-            base_url=url, headers={"Authorization": f"Bearer {key}"}, request_timeout=3 * MAX_RESPONSE_S
-        )
-        yield url
+        yield {"base_url": url, "headers": auth, "timeout": 3 * MAX_RESPONSE_S}
 
 
 FUZZ_SETTINGS = hypothesis.settings(
@@ -158,15 +155,18 @@ FUZZ_SETTINGS = hypothesis.settings(
 
 @schema.parametrize()
 @FUZZ_SETTINGS
-def test_every_operation_holds_every_check(case: schemathesis.Case, fuzz_target: str) -> None:
+def test_every_operation_holds_every_check(case: schemathesis.Case, fuzz_target: dict[str, Any]) -> None:
     CASES["stateless"] += 1
-    case.call_and_validate()
+    case.call_and_validate(**fuzz_target)
 
 
-def test_chained_operations_hold_every_check(fuzz_target: str) -> None:
+def test_chained_operations_hold_every_check(fuzz_target: dict[str, Any]) -> None:
     base = schema.as_state_machine()
 
     class Counted(base):  # type: ignore[valid-type, misc]
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return fuzz_target
+
         def after_call(self, response: Any, case: schemathesis.Case) -> None:
             CASES["stateful"] += 1
 
