@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import AuthGateMiddleware, KeyCache
 from api.event_feed import JobWakeups, SharedReads
 from api.event_listeners import ListenerState, start_event_feed
+from api.openapi import install_openapi
 from api.problems import install_problem_handlers
 from api.quotas import QuotaMiddleware, RateLimiter
 from api.routes import artifacts, dashboard, datasets, downloads, estimates, events, health, jobs, keys, logs, metrics
@@ -140,6 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Set once the warm-up imports are done (readyz reports it; the first submit no longer waits).
     app.state.warmed_up = threading.Event()
     install_problem_handlers(app)
+    install_openapi(app)
     for router in ROUTERS:
         app.include_router(router)
     app.mount(dashboard.STATIC_URL, dashboard.static_files(), name="static")

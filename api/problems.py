@@ -19,6 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from service_core.db.session import DATABASE_UNAVAILABLE
 from trainer_core.spec import FieldError, SpecError, field_errors
@@ -29,6 +31,8 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 DATABASE_RETRY_AFTER_S = 5
 
 # Where FastAPI puts a parameter; not part of the field path a user would type.
+# The methods a route of this API may serve (HEAD and OPTIONS are never routes of their own here).
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 _REQUEST_PARTS = {"body", "query", "path", "header", "cookie"}
 
 
@@ -104,10 +108,28 @@ async def _on_request_validation(_request: Request, exc: Exception) -> JSONRespo
     return problem_response(validation_problem(request_field_errors(exc)))
 
 
-async def _on_http_exception(_request: Request, exc: Exception) -> JSONResponse:
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     detail = exc.detail if isinstance(exc.detail, str) else None
-    return problem_response(Problem(exc.status_code, detail, headers=exc.headers))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        # Starlette's Allow names only the first route that matched the path; a path served by
+        # several routes (GET and POST /v1/jobs) must list them all (RFC 9110 15.5.6).
+        headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
+    return problem_response(Problem(exc.status_code, detail, headers=headers))
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route serves at the request's path: those a route fully matches.
+
+    Asked of the router itself, method by method: FastAPI nests included routers, so the routes of a
+    path are not a flat list to read methods from.
+    """
+    return [
+        method
+        for method in _METHODS
+        if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in app.router.routes)
+    ]
 
 
 def database_unavailable(method: str, path: str, exc: BaseException) -> Problem:

@@ -28,6 +28,8 @@ from trainer_core.spec import FieldError
 UPLOADS_DIR = "uploads"
 CHUNK = 1 << 20
 FILE_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# Every name an upload may have ends in one of these (a .zip holds an image or audio folder).
+UPLOAD_SUFFIXES = (*FILE_FORMATS, ".zip")
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus"})
 # A zip may inflate to this many times the upload limit (images and audio barely compress).

@@ -24,7 +24,6 @@ small against large, and the large plans in full. Finally ``trainjobs gc --older
 from __future__ import annotations
 
 import argparse
-import base64
 import io
 import json
 import math
@@ -137,15 +136,14 @@ def seed_long_run(dsn: str, caller: str) -> str:
 
 def deep_cursor(dsn: str, caller: str) -> tuple[str, datetime, str]:
     """The cursor of the job 90% of the way down the caller's list (newest first), and its key."""
-    from api.routes.jobs import Cursor
+    from api.schemas.jobs import Cursor
 
     with psycopg.connect(dsn) as conn:
         total = conn.execute("SELECT count(*) FROM jobs WHERE owner = %s", (caller,)).fetchone()[0]  # type: ignore[index]
         row = conn.execute("SELECT created_at, id FROM jobs WHERE owner = %s ORDER BY created_at DESC, id DESC "
                            "OFFSET %s LIMIT 1", (caller, int(total * 0.9))).fetchone()  # fmt: skip
     assert row is not None
-    raw = Cursor(created_at=row[0], id=row[1]).model_dump_json().encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("="), row[0], row[1]
+    return Cursor(created_at=row[0], id=row[1]).encode(), row[0], row[1]
 
 
 def finish_submitted(dsn: str, queue: str) -> None:

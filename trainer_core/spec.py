@@ -149,7 +149,10 @@ class EfficiencySpec(StrictModel):
     gradient_checkpointing: bool = False
     mixed_precision: MixedPrecision = Field(default="no", description="`fp16` needs a CUDA device; on CPU use `bf16`.")
     local_sgd_steps: int | None = Field(
-        default=None, ge=1, description="Average weights every N steps (accelerate backend only)."
+        default=None,
+        ge=1,
+        description="Average weights every N steps. Needs `training.backend: accelerate`; with any other backend "
+        "the request is a 422 naming this field.",
     )
 
 

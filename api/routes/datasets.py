@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Annotated
 
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import CallerDep, SessionDep, SessionFactoryDep, SettingsDep, owned_dataset
 from api.schemas.common import problem_responses
 from api.schemas.datasets import DatasetList, DatasetOut
-from api.uploads import dataset_dir, store_upload
+from api.uploads import UPLOAD_SUFFIXES, dataset_dir, store_upload
 from service_core.db.base import new_id
 from service_core.db.models import Dataset
 from service_core.keys import Caller
@@ -30,10 +31,28 @@ then submit a job with `"dataset": {"id": "<the returned id>", "text_column": "t
 """
 
 
+# What store_upload accepts, said where a client (and a fuzzer) reads it: the file part's name must
+# end in one of the known suffixes. Random bytes in a .csv are stored (jobs read them later); a .zip
+# must be a zip of an image or audio folder, or it is a 422.
+_SUFFIXES = "|".join(re.escape(suffix.lstrip(".")) for suffix in UPLOAD_SUFFIXES)
+_NAME = r'[^"/\\]{0,150}[^"/\\.]'
+_FILE_PART = {
+    "headers": {
+        "Content-Disposition": {
+            "description": "The file's name says its format: " + ", ".join(UPLOAD_SUFFIXES) + ".",
+            # The name survives api/uploads.safe_filename with its suffix: no folders, not all dots, short.
+            "schema": {"type": "string", "pattern": rf'^form-data; name="file"; filename="{_NAME}\.({_SUFFIXES})"$'},
+            "example": 'form-data; name="file"; filename="reviews.csv"',
+        }
+    }
+}
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=DatasetOut,
+    openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {"file": _FILE_PART}}}}},
     description="Upload a CSV, JSON lines or Parquet file, or a zip of an image or audio folder "
     "(class-named subfolders). The sha256 of the upload is stored.\n\n" + UPLOAD_EXAMPLE,
 )

@@ -33,7 +33,12 @@ def estimate_response(body: EstimateRequest, settings: Settings) -> EstimateResp
 
 @router.post("/estimates/memory", response_model=EstimateResponse)
 async def estimate_memory(body: EstimateRequest, settings: SettingsDep, caller: CallerDep) -> EstimateResponse:
-    """The estimator's breakdown for a spec; with ``gpu_memory_gb``, also the planner's fitting list."""
+    """The estimator's breakdown for a spec; with ``gpu_memory_gb``, also the planner's fitting list.
+
+    A spec of the documented shape can still be a 422 naming the field: its model must be one the
+    estimator can build, its local paths must lie under the data root, and cross-field rules hold
+    (e.g. `efficiency.local_sgd_steps` needs `training.backend: accelerate`).
+    """
     if body.gpu_memory_gb is None and is_warm(body.spec):
         # A built model's estimate is ~0.05 ms of arithmetic: cheaper on the event loop than the
         # hand-off to a thread (and back) it would otherwise cost. (Warm means a config or catalog

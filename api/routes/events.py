@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncGenerator
 from functools import partial
@@ -34,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import CallerDep, OwnedJob, get_sessionmaker_for
 from api.event_feed import JobWakeups, SharedReads
 from api.problems import Problem
-from api.schemas.common import as_utc, problem_responses
+from api.schemas.common import EVENT_ID_PATTERN, MAX_INT64, as_utc, problem_responses
 from api.streams import SlotStreamingResponse, StreamSlots
 from service_core.db.models import Job, JobEvent
 from service_core.status import TERMINAL_STATUSES, JobStatus
@@ -128,7 +129,7 @@ async def event_stream(
 def parse_after(header: str | None, query: int | None) -> int:
     if header is None:
         return query or 0
-    if not header.strip().isdigit():
+    if re.fullmatch(EVENT_ID_PATTERN, header.strip()) is None:
         raise Problem(
             422,
             "Last-Event-ID: must be the seq of an event (a non-negative integer)",
@@ -137,9 +138,19 @@ def parse_after(header: str | None, query: int | None) -> int:
     return int(header)
 
 
+LAST_EVENT_ID_DOC = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "required": False,
+    "description": "The `id` of the last event received: replay the events after it.",
+    "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
+}
+
+
 @router.get(
     "/{job_id}/events",
     response_class=StreamingResponse,
+    openapi_extra={"parameters": [LAST_EVENT_ID_DOC]},
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "progress, metric, eval, memory, log, status"}
     },
@@ -148,9 +159,11 @@ async def job_events(
     job: OwnedJob,
     caller: CallerDep,
     request: Request,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    # Documented by hand (LAST_EVENT_ID_DOC): FastAPI would document an optional header as "string or
+    # null", and a header cannot be null. parse_after checks it (a 422 naming the header).
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", include_in_schema=False)] = None,
     after: Annotated[
-        int | None, Query(ge=0, description="Replay events with seq > after (like Last-Event-ID).")
+        int | None, Query(ge=0, le=MAX_INT64, description="Replay events with seq > after (like Last-Event-ID).")
     ] = None,
     kind: Annotated[
         list[StoredKind] | None,

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from threading import Event
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from sqlalchemy import Engine, select, tuple_
 from sqlalchemy.orm import Session, defer, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -32,7 +29,7 @@ from api.preflight import run_preflight
 from api.problems import Problem
 from api.quotas import check_queued_quota
 from api.schemas.common import problem_responses
-from api.schemas.jobs import Cursor, JobCreate, JobList, JobOut, JobSummary
+from api.schemas.jobs import CURSOR_PATTERN, Cursor, JobCreate, JobList, JobOut, JobSummary
 from api.schemas.preflight import DryRunOut
 from service_core.db.base import utcnow
 from service_core.db.jobstore import insert_job, transition
@@ -66,7 +63,12 @@ async def submit_job(
     response: Response,
     dry_run: Annotated[bool, Query(description="Run preflight and the estimate only; store nothing.")] = False,
 ) -> JobOut | JSONResponse:
-    """Validate, estimate, preflight, store and enqueue a job; nothing is stored when any check fails."""
+    """Validate, estimate, preflight, store and enqueue a job; nothing is stored when any check fails.
+
+    A spec of the documented shape can still be a 422 naming the field: its data and model must exist
+    and load (preflight), an uploaded `dataset.id` must be the caller's, and cross-field rules hold
+    (e.g. `efficiency.local_sgd_steps` needs `training.backend: accelerate`).
+    """
     # All the blocking work in one threadpool call: as a plain `def` route with a session dependency
     # it took four hand-offs (session open, call, response validation, session close).
     warmed_up = request.app.state.warmed_up
@@ -164,27 +166,15 @@ def create_job(
     return JobOut.from_job(job)
 
 
-def encode_cursor(job: Job) -> str:
-    raw = Cursor(created_at=job.created_at, id=job.id).model_dump_json().encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(text: str) -> Cursor:
-    try:
-        return Cursor.model_validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (ValueError, binascii.Error, ValidationError) as exc:
-        raise Problem(
-            422, "cursor: not a cursor this API returned", errors=[{"field": "cursor", "message": "invalid cursor"}]
-        ) from exc
-
-
 @router.get("", response_model=JobList, responses=problem_responses(403))
 def list_jobs(
     session: SessionDep,
     caller: CallerDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[
+        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the previous page.")
+    ] = None,
     owner: Annotated[
         str | None, Query(max_length=128, description="Only this owner's jobs (another owner's: admin keys only).")
     ] = None,
@@ -203,13 +193,13 @@ def list_jobs(
     if status_ is not None:
         query = query.where(Job.status == status_.value)
     if cursor is not None:
-        after = decode_cursor(cursor)
+        after = Cursor.decode(cursor)
         # A row value, not `a < x OR (a = x AND b < y)`: PostgreSQL turns it into one index range
         # (jobs(created_at, id)) instead of reading and discarding every newer entry (bench_history).
         query = query.where(tuple_(Job.created_at, Job.id) < tuple_(after.created_at, after.id))
     rows = session.execute(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).scalars().all()
     page = list(rows[:limit])
-    next_cursor = encode_cursor(page[-1]) if len(rows) > limit else None
+    next_cursor = Cursor(created_at=page[-1].created_at, id=page[-1].id).encode() if len(rows) > limit else None
     return JobList(items=[JobSummary.from_job(job) for job in page], next_cursor=next_cursor)
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import OwnedJob, get_sessionmaker_for
-from api.schemas.common import problem_responses
+from api.schemas.common import MAX_INT64, problem_responses
 from service_core.artifacts import ArtifactStore
 from service_core.db.models import Job
 from service_core.runs import RUN_LOG_NAME, run_work_dir
@@ -112,7 +112,9 @@ async def follow_stream(request: Request, job_id: str, offset: int) -> AsyncGene
 def job_logs(
     job: OwnedJob,
     request: Request,
-    offset: Annotated[int, Query(ge=0, description="Byte offset to start from (`next_offset` of the last page).")] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=MAX_INT64, description="Byte offset to start from (`next_offset` of the last page).")
+    ] = 0,
     limit: Annotated[int, Query(ge=16, le=MAX_CHUNK, description="At most this many bytes.")] = 64 * 1024,
     follow: Annotated[bool, Query(description="Stream text/plain as it is written, until the job ends.")] = False,
 ) -> LogChunk | StreamingResponse:

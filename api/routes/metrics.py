@@ -18,7 +18,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
 from api.deps import OwnedJob, SessionDep
-from api.schemas.common import problem_responses
+from api.schemas.common import MAX_INT64, problem_responses
 from api.schemas.jobs import MetricPage, MetricPointOut
 from service_core.db.models import Job, MetricPoint
 
@@ -32,7 +32,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["metrics"], responses=problem_respon
 def job_metrics(
     job: OwnedJob,
     session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="Only points with seq > after.")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_INT64, description="Only points with seq > after.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10000, description="At most this many points (a seq is never split).")] = 1000,
     name: Annotated[list[str] | None, Query(description="Only these metric names (repeatable), e.g. loss.")] = None,
     max_points: Annotated[

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler
+
+# The largest sequence number or byte offset a query may name: the database's BIGINT and the file
+# system's off_t. Beyond it SQLite and seek() fail with OverflowError (a 500), so routes bound them.
+MAX_INT64 = 2**63 - 1
+# A Last-Event-ID: the seq of an event, in decimal digits (18 digits stay under MAX_INT64).
+EVENT_ID_PATTERN = r"^[0-9]{1,18}$"
 
 
 def as_utc(value: datetime) -> datetime:
@@ -14,6 +21,25 @@ def as_utc(value: datetime) -> datetime:
 
 
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
+
+_STRICT_PASS: ContextVar[bool] = ContextVar("trainjobs_strict_pass", default=False)
+
+
+def as_json_types(model: type[BaseModel], data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Validate a request body as its JSON schema types say: no `false` for an integer, no `1` or
+    `"yes"` for a boolean. For a body model's ``model_validator(mode="wrap")``.
+
+    FastAPI validates bodies in pydantic's lax mode, which turns `false` into 0 and `1` into True:
+    requests the schema calls invalid were accepted. Strict mode holds for the whole body, nested
+    sections included; specs read from YAML files (where `5e-5` is a string) stay lax.
+    """
+    if _STRICT_PASS.get():  # the strict pass below, arriving here again
+        return handler(data)
+    token = _STRICT_PASS.set(True)
+    try:
+        return model.__pydantic_validator__.validate_python(data, strict=True)
+    finally:
+        _STRICT_PASS.reset(token)
 
 
 class FieldProblem(BaseModel):
@@ -63,6 +89,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, object]]:
 
 
 _DESCRIPTIONS = {
+    400: "The body could not be parsed (not JSON, or a broken multipart form).",
     401: "Missing or wrong API key.",
     403: "The key may not do this (e.g. list another owner's jobs without admin rights).",
     404: "No such resource, or it belongs to another owner.",

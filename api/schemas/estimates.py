@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, model_validator
 
+from api.schemas.common import as_json_types
 from api.schemas.examples import EXAMPLE_ESTIMATE_REQUEST
 from api.spec_limits import check_document
 from trainer_core.spec import JobSpec
@@ -20,6 +21,11 @@ class EstimateRequest(BaseModel):
     @classmethod
     def _bounded(cls, data: Any) -> Any:
         return check_document(data)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _json_types(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return as_json_types(cls, data, handler)
 
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device budget; with it the answer includes the planner's list."

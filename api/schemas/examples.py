@@ -45,12 +45,6 @@ EXAMPLE_SPEC: dict[str, Any] = {
 
 EXAMPLE_JOB_CREATE: dict[str, Any] = {**EXAMPLE_SPEC, "priority": 5, "queue": "default"}
 
-EXAMPLE_UPLOADED_DATASET_JOB: dict[str, Any] = {
-    **EXAMPLE_SPEC,
-    "name": "reviews-uploaded",
-    "dataset": {"id": "0123456789abcdef0123456789abcdef", "text_column": "text", "label_column": "label"},
-}
-
 EXAMPLE_ESTIMATE_REQUEST: dict[str, Any] = {
     "spec": {
         "name": "bert-large-budget",

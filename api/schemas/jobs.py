@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, model_validator
 
-from api.schemas.common import UtcDatetime
-from api.schemas.examples import EXAMPLE_JOB_CREATE, EXAMPLE_UPLOADED_DATASET_JOB
+from api.schemas.common import UtcDatetime, as_json_types, as_utc
+from api.schemas.examples import EXAMPLE_JOB_CREATE
 from api.spec_limits import check_document
 from service_core.db.models import Job
 from service_core.status import ErrorReason, JobStatus, reason_or_internal
@@ -33,7 +33,8 @@ class JobCreate(JobSpec):
     """The job spec itself, plus where and how urgently to run it."""
 
     model_config = ConfigDict(
-        json_schema_extra={"examples": [EXAMPLE_JOB_CREATE, EXAMPLE_UPLOADED_DATASET_JOB]},
+        # Only examples that work as they stand: an uploaded dataset's id exists only after its upload.
+        json_schema_extra={"examples": [EXAMPLE_JOB_CREATE]},
     )
 
     priority: int = Field(
@@ -47,6 +48,11 @@ class JobCreate(JobSpec):
     @classmethod
     def _bounded(cls, data: Any) -> Any:
         return check_document(data)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _json_types(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return as_json_types(cls, data, handler)
 
     def job_spec(self) -> JobSpec:
         """The spec alone, as submitted (unset fields stay unset, so re-validation agrees)."""
@@ -191,8 +197,25 @@ class MetricPage(BaseModel):
     has_more: bool
 
 
+# `<created_at in microseconds since the epoch>-<job id>`: every string of this form is a position in
+# the list (an unknown one simply starts the page there), so the schema's pattern is exactly what the
+# API accepts. 17 digits reach the year 5138, well inside what datetime holds.
+CURSOR_PATTERN = r"^[0-9]{1,17}-[0-9a-f]{32}$"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 class Cursor(BaseModel):
     """The keyset position of a list page (opaque to clients)."""
 
     created_at: datetime
     id: str
+
+    def encode(self) -> str:
+        return f"{(as_utc(self.created_at) - _EPOCH) // _MICROSECOND}-{self.id}"
+
+    @classmethod
+    def decode(cls, text: str) -> Self:
+        """The position a string matching CURSOR_PATTERN names (the route has checked the pattern)."""
+        micros, _, job_id = text.partition("-")
+        return cls(created_at=_EPOCH + int(micros) * _MICROSECOND, id=job_id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.common import UtcDatetime
 from service_core.db.models import ApiKey
@@ -10,6 +10,9 @@ from service_core.keys import OWNER_PATTERN
 
 
 class KeyCreate(BaseModel):
+    # JSON types as the schema says them (no `1` for `admin`); no nested models, so the config says it.
+    model_config = ConfigDict(strict=True)
+
     owner: str = Field(pattern=OWNER_PATTERN.pattern, examples=["alice"])
     admin: bool = Field(default=False, description="The key sees and manages every owner's jobs and keys.")
     expires_in_days: float | None = Field(

@@ -271,5 +271,5 @@ def test_the_engines_training_model_keeps_packed_examples_apart(
         spec["adapter"] = adapter
     model = build_training_model(parse_spec(spec), [])
     model.train()  # as the backends run it (the tiny Llama has no dropout, so the loss is deterministic)
-    packed_loss = _loss(model, packed.collator(rows))
-    assert packed_loss == pytest.approx(_loss(model, plain.collator([plain.train[i] for i in range(n_examples)])), rel=1e-5)
+    unpacked = plain.collator([plain.train[i] for i in range(n_examples)])
+    assert _loss(model, packed.collator(rows)) == pytest.approx(_loss(model, unpacked), rel=1e-5)

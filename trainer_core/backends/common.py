@@ -57,7 +57,7 @@ def build_training_model(spec: JobSpec, labels: list[str]) -> nn.Module:
         # Training needs no KV cache, and with one transformers does not look for packed sequences, so
         # a packed row's examples would attend to each other (trainer_core/data/packing.py). Trainer
         # sets this from its arguments; the Accelerate loop has no one else to do it.
-        model.config.use_cache = False
+        model.config.use_cache = False  # type: ignore[union-attr]
     return model
 
 
