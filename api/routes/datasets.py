@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import CallerDep, SessionDep, SessionFactoryDep, SettingsDep, owned_dataset
+from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.datasets import DatasetList, DatasetOut
 from api.uploads import UPLOAD_SUFFIXES, dataset_dir, store_upload
@@ -35,7 +36,9 @@ then submit a job with `"dataset": {"id": "<the returned id>", "text_column": "t
 # end in one of the known suffixes. Random bytes in a .csv are stored (jobs read them later); a .zip
 # must be a zip of an image or audio folder, or it is a 422.
 _SUFFIXES = "|".join(re.escape(suffix.lstrip(".")) for suffix in UPLOAD_SUFFIXES)
-_NAME = r'[^"/\\]{0,150}[^"/\\.]'
+_NAME = r'[^"/\\\x00-\x1f]{0,150}[^"/\\.\x00-\x1f]'
+# PostgreSQL's text columns refuse NUL: a name carrying one is a 422 naming it, not a 500 at INSERT.
+NO_NUL = r"^[^\x00]*$"
 _FILE_PART = {
     "headers": {
         "Content-Disposition": {
@@ -62,7 +65,7 @@ async def upload_dataset(
     sessions: SessionFactoryDep,
     settings: SettingsDep,
     caller: CallerDep,
-    name: Annotated[str | None, Form(max_length=256, examples=["reviews"])] = None,
+    name: Annotated[str | None, Form(max_length=256, pattern=NO_NUL, examples=["reviews"])] = None,
 ) -> DatasetOut:
     # On the uploads' own threads (api.main.UPLOAD_THREADS): storing a large upload takes a while.
     store = partial(store_dataset, file, sessions, settings, caller, name)
@@ -76,6 +79,12 @@ def store_dataset(
     """Copy, check and hash the upload into the caller's folder and record it (blocking)."""
     dataset_id = new_id()
     filename = file.filename or "upload"
+    if "\x00" in filename:  # checked before anything is written: the row's name would be the filename
+        raise Problem(
+            422,
+            "file: the file name must not contain the NUL character (\\u0000)",
+            errors=[{"field": "file", "message": "the file name must not contain the NUL character"}],
+        )
     stored = store_upload(
         file.file,
         filename,
