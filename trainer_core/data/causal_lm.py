@@ -29,6 +29,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainer_core.data.loading import spec_error
+from trainer_core.data.text import as_text
 from trainer_core.spec import JobSpec
 
 logger = logging.getLogger(__name__)
@@ -48,12 +49,6 @@ def leading_special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return []
 
 
-def _texts(values: list[Any], field: str) -> list[str]:
-    if any(v is None for v in values):
-        raise spec_error(f"dataset.{field}", "some rows have no text")
-    return [v if isinstance(v, str) else str(v) for v in values]
-
-
 @dataclass(frozen=True)
 class LMEncoder:
     """Tokenises a batch of ``text`` or ``prompt-completion`` rows into input_ids, labels and length."""
@@ -70,12 +65,12 @@ class LMEncoder:
         tok, head, eos = self.tokenizer, leading_special_ids(self.tokenizer), self.tokenizer.eos_token_id
         rows: list[tuple[list[int], list[int]]] = []
         if self.shape == "text":
-            for ids in tok(_texts(batch[self.text_column], "text_column"), add_special_tokens=False)["input_ids"]:
+            for ids in tok(as_text(batch[self.text_column], "text_column"), add_special_tokens=False)["input_ids"]:
                 full = [*head, *ids, eos]
                 rows.append((full, list(full)))
         else:
-            prompts = tok(_texts(batch[self.prompt_column], "prompt_column"), add_special_tokens=False)["input_ids"]
-            completions = tok(_texts(batch[self.completion_column], "completion_column"), add_special_tokens=False)[
+            prompts = tok(as_text(batch[self.prompt_column], "prompt_column"), add_special_tokens=False)["input_ids"]
+            completions = tok(as_text(batch[self.completion_column], "completion_column"), add_special_tokens=False)[
                 "input_ids"
             ]
             for prompt, completion in zip(prompts, completions, strict=True):

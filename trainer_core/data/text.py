@@ -140,7 +140,8 @@ def train_tokenizer_for(model_config: PreTrainedConfig, texts: Iterable[str]) ->
     )
 
 
-def _as_text(values: list[Any], field: str) -> list[str]:
+def as_text(values: list[Any], field: str) -> list[str]:
+    """A batch column as strings; a missing value is a data error naming ``dataset.<field>``."""
     if any(v is None for v in values):
         raise spec_error(f"dataset.{field}", "some rows have no text")
     return [v if isinstance(v, str) else str(v) for v in values]
@@ -158,10 +159,10 @@ class TextEncoder:
     max_length: int
 
     def __call__(self, batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
-        texts = _as_text(batch[self.text_column], "text_column")
+        texts = as_text(batch[self.text_column], "text_column")
         pairs = None
         if self.text_pair_column is not None:
-            pairs = _as_text(batch[self.text_pair_column], "text_pair_column")
+            pairs = as_text(batch[self.text_pair_column], "text_pair_column")
         encoded = self.tokenizer(texts, pairs, truncation=True, max_length=self.max_length)
         out = {k: encoded[k] for k in self.tokenizer.model_input_names if k in encoded}
         out["labels"] = [self.label_to_id[v] for v in batch[self.label_column]]
