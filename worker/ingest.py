@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from service_core.db.base import as_utc
 from service_core.db.jobstore import FencedOut, add_events, fence
 from service_core.db.models import Job, JobEvent, MetricPoint
 from trainer_core.events import Event
@@ -44,11 +45,6 @@ def event_time(event: Event) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def as_utc(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def event_data(event: Event) -> dict[str, Any]:

@@ -16,12 +16,12 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import ColumnElement, or_, select
 
-from service_core.db.base import utcnow
+from service_core.db.base import as_utc, utcnow
 from service_core.db.jobstore import transition
 from service_core.db.models import Job
 from service_core.db.session import session_scope
@@ -69,7 +69,7 @@ def kill_leftover_run(pid_file: Path) -> None:
 def lease_expiry(job: Job, lease_s: float) -> datetime:
     """When ``job``'s lease runs out (a row without one: its last heartbeat plus a lease)."""
     expiry = job.lease_expires_at or job.updated_at + timedelta(seconds=lease_s)
-    return expiry if expiry.tzinfo else expiry.replace(tzinfo=UTC)
+    return as_utc(expiry)
 
 
 def is_orphaned(job: Job, host: str, now: datetime, lease_s: float) -> bool:

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler
+
+from service_core.db.base import as_utc
 
 # The largest sequence number or byte offset a query may name: the database's BIGINT and the file
 # system's off_t. Beyond it SQLite and seek() fail with OverflowError (a 500), so routes bound them.
 MAX_INT64 = 2**63 - 1
 # A Last-Event-ID: the seq of an event, in decimal digits (18 digits stay under MAX_INT64).
 EVENT_ID_PATTERN = r"^[0-9]{1,18}$"
-
-
-def as_utc(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes; every time we store is UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]

@@ -36,5 +36,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(value: datetime) -> datetime:
+    """A stored time as an aware UTC datetime: SQLite hands back naive ones (every stored time is UTC)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex

@@ -13,7 +13,7 @@ not cumulative: one row per finish to update; the scrape accumulates them in bou
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from service_core.db.base import as_utc
 from service_core.db.models import JobTotal
 from service_core.status import JobStatus
 
@@ -60,9 +61,7 @@ def count_finish(session: Session, status: JobStatus, started_at: datetime | Non
     """
     increments: dict[str, float] = {finished_key(status): 1.0}
     if started_at is not None:
-        if started_at.tzinfo is None:  # SQLite hands back naive datetimes; every stored time is UTC
-            started_at = started_at.replace(tzinfo=UTC)
-        seconds = max(0.0, (finished_at - started_at).total_seconds())
+        seconds = max(0.0, (finished_at - as_utc(started_at)).total_seconds())
         increments[DURATION_SUM] = seconds
         increments[bucket_key(duration_bucket(seconds))] = 1.0
     add_to_totals(session, increments)
