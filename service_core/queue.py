@@ -17,6 +17,7 @@ to enqueue.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
@@ -120,3 +121,24 @@ def enqueue_job(job_id: str, queue: str, priority: int, settings: Settings | Non
         argsrepr=repr([job_id]),
         kwargsrepr="{}",
     )
+
+
+def send_once(
+    settings: Settings, job_id: str, queue: str, priority: int, where: Sequence[Any], values: dict[str, Any]
+) -> bool:
+    """Stamp the job's row (an UPDATE on ``where``, setting ``values``) and send it only if the stamp took.
+
+    A compare-and-set on the row: two senders racing on the same job (a slot and the sweep, two sweeps,
+    a sweep and a requeue) never both send it. Returns whether this one did.
+    """
+    from sqlalchemy import update
+
+    from service_core.db.models import Job
+    from service_core.db.session import session_scope
+
+    with session_scope(settings.database_url) as session:
+        stamped = session.execute(update(Job).where(Job.id == job_id, *where).values(**values))
+    if stamped.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    enqueue_job(job_id, queue, priority, settings)
+    return True

@@ -84,7 +84,7 @@ def resend_waiting(settings: Settings, queues: Collection[str] | None = None) ->
 
     ``queues``: only jobs of these queues (the sweep passes the queues live workers consume).
     """
-    from service_core.queue import enqueue_job
+    from service_core.queue import send_once
 
     cap = settings.max_running_per_owner
     held = (Job.status == JobStatus.queued.value, Job.waiting_reason.is_not(None), Job.enqueued_at.is_(None))
@@ -100,16 +100,12 @@ def resend_waiting(settings: Settings, queues: Collection[str] | None = None) ->
                 .order_by(Job.priority.desc(), Job.created_at).limit(places if cap > 0 else None)
             ).tuples()  # fmt: skip
             picked.extend(rows)
-    sent = []
-    for job_id, queue, priority in picked:
-        with session_scope(settings.database_url) as session:
-            # Compare-and-set on the mark: two senders (a slot and the sweep) never both send a job.
-            stamped = session.execute(
-                update(Job).where(Job.id == job_id, *held).values(enqueued_at=utcnow(), waiting_reason=None)
-            )
-        if stamped.rowcount == 1:  # type: ignore[attr-defined]
-            enqueue_job(job_id, queue, priority, settings)
-            sent.append(job_id)
+    # Compare-and-set on the hold: a slot and the sweep never both send a job.
+    sent = [
+        job_id
+        for job_id, queue, priority in picked
+        if send_once(settings, job_id, queue, priority, held, {"enqueued_at": utcnow(), "waiting_reason": None})
+    ]
     if sent:
         log.info("sent %d jobs held by the running-jobs cap again: %s", len(sent), sent)
     return sent

@@ -116,7 +116,7 @@ def _aware(value: datetime) -> datetime:
 
 def redeliver_lost_messages(settings: Settings, now: datetime | None = None) -> list[str]:
     """Re-send the queued jobs whose message looks lost (module docstring); returns their ids."""
-    from service_core.queue import enqueue_job
+    from service_core.queue import send_once
 
     now = now or utcnow()
     served, idle = idle_slots_by_queue(settings, now)
@@ -137,14 +137,10 @@ def redeliver_lost_messages(settings: Settings, now: datetime | None = None) -> 
             picked.extend(session.execute(stale).tuples())
     sent = []
     for job_id, queue, priority, enqueued_at in picked:
-        with session_scope(settings.database_url) as session:
-            # Compare-and-set on the stamp: two sweeps (or a sweep and a requeue) never both send.
-            same = Job.enqueued_at.is_(None) if enqueued_at is None else Job.enqueued_at == enqueued_at
-            stamped = session.execute(
-                update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value, same).values(enqueued_at=now)
-            )
-        if stamped.rowcount == 1:  # type: ignore[attr-defined]
-            enqueue_job(job_id, queue, priority, settings)
+        # Compare-and-set on the stamp: two sweeps (or a sweep and a requeue) never both send.
+        same = Job.enqueued_at.is_(None) if enqueued_at is None else Job.enqueued_at == enqueued_at
+        still_queued = [Job.status == JobStatus.queued.value, same]
+        if send_once(settings, job_id, queue, priority, still_queued, {"enqueued_at": now}):
             sent.append(job_id)
     if sent:
         log.warning("re-sent %d queued jobs whose queue message looked lost: %s", len(sent), sent)
