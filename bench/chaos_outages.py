@@ -79,11 +79,16 @@ def r3_finish(svc: Service, ids: list[str]) -> Row:
             restart_workers(svc, row, ids)
     except TimeoutError as exc:
         row.fail(str(exc))
+    judge_succeeded(svc, row, ids)
+    return row
+
+
+def judge_succeeded(svc: Service, row: Row, ids: list[str]) -> None:
+    """Wait for ``ids`` to end, then count each as a trial that must have succeeded."""
     wait_terminal(svc, ids)
     for job_id in ids:
         row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
         row.trials += 1
-    return row
 
 
 def restart_workers(svc: Service, row: Row, ids: list[str]) -> None:
@@ -120,10 +125,7 @@ def r7_db_outages(svc: Service, outages: list[float]) -> Row:
                     row.fail(f"{job_id}: running without a process {SETTLE_S:.0f} s after the outage")
         except TimeoutError as exc:
             row.fail(str(exc))
-        wait_terminal(svc, ids)
-        for job_id in ids:
-            row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.succeeded))
-            row.trials += 1
+        judge_succeeded(svc, row, ids)
     return row
 
 
