@@ -22,19 +22,26 @@ from sqlalchemy.exc import SQLAlchemyError
 from service_core.db.jobstore import renew_lease
 from service_core.db.session import session_scope
 from service_core.settings import Settings
+from worker.forkserver import fork_server_pid
+from worker.zygote import MARKER
 
 log = logging.getLogger(__name__)
 
 
-RUN_MARKER = b"trainer_core"  # in every run's command line (worker/supervisor.py:train_command)
+# On every run's command line: ``python -m trainer_core ...`` or, for a run forked by the slot's fork
+# server, the server's own command line (worker/zygote.py).
+RUN_MARKERS = (b"trainer_core", MARKER.encode())
 
 
 def kill_own_runs() -> list[int]:
-    """SIGKILL the process group of every run this process started (a child leading its own group).
+    """SIGKILL the process group of every run this process started (a child leading its own group,
+    of this process or of its fork server).
 
     Not a SIGTERM: a run asked to stop would checkpoint into a folder the newer attempt now owns.
     """
     me = os.getpid()
+    server = fork_server_pid()
+    parents = {me} if server is None else {me, server}
     killed = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -45,7 +52,8 @@ def kill_own_runs() -> list[int]:
         except OSError:
             continue
         pid, ppid, pgid = int(entry), int(fields[1]), int(fields[2])
-        if ppid == me and pgid == pid and RUN_MARKER in cmdline:
+        is_run = pid != server and any(marker in cmdline for marker in RUN_MARKERS)
+        if ppid in parents and pgid == pid and is_run:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
                 killed.append(pid)

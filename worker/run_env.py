@@ -57,3 +57,9 @@ def run_env(environ: Mapping[str, str]) -> dict[str, str]:
         for key, value in environ.items()
         if key not in SECRETS and (key in names or key.startswith(prefixes))
     }
+
+
+def run_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """A run's whole environment: :func:`run_env` with unbuffered output (events must reach the slot
+    as they happen). The fork server imports under exactly this, so both must come from here."""
+    return {**run_env(environ), "PYTHONUNBUFFERED": "1"}

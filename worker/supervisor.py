@@ -1,7 +1,8 @@
 """Run one job's training in its own process group and watch it until it ends.
 
 The run is the ``trainer_core`` CLI (``python -m trainer_core SPEC --jsonl``; it starts torchrun itself
-when the spec asks for several processes). Its stdout carries one JSON event per line, read as they
+when the spec asks for several processes), forked from the slot's pre-imported parent when it has one
+(worker/forkserver.py). Its stdout carries one JSON event per line, read as they
 come and handed to :class:`worker.ingest.EventIngestor`; its stderr goes to ``worker.log``.
 
 Stopping (a user's cancel or the worker shutting down) asks the run to stop the way it understands:
@@ -18,7 +19,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -34,10 +34,11 @@ from service_core.db.session import DATABASE_UNAVAILABLE
 from service_core.status import ErrorReason
 from trainer_core.events import Event, parse_event_line
 from worker.db_retry import Backoff, retry_database
+from worker.forkserver import RunProcess, start_run
 from worker.ingest import EventIngestor, SessionFactory
 from worker.outcome import RunOutcome, classify_exit, stderr_tail
 from worker.paths import RunPaths
-from worker.run_env import run_env
+from worker.run_env import run_environment
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,15 @@ CANCEL_POLL_S = 0.5
 HEARTBEAT_S = 5.0
 
 
-def train_command(paths: RunPaths, *, resume: bool) -> list[str]:
-    """The command line of a run: the engine's own entry point under the worker's interpreter."""
-    cmd = [
-        sys.executable, "-m", "trainer_core", str(paths.spec_file),
-        "--output-dir", str(paths.output_dir), "--jsonl",
+def train_args(paths: RunPaths, *, resume: bool) -> list[str]:
+    """The arguments of a run's ``python -m trainer_core`` (worker/forkserver.py:start_run starts it)."""
+    args = [
+        str(paths.spec_file), "--output-dir", str(paths.output_dir), "--jsonl",
         "--cache-dir", str(paths.cache_dir), "--stop-file", str(paths.stop_file),
     ]  # fmt: skip
     if resume:
-        cmd.append("--resume")
-    return cmd
+        args.append("--resume")
+    return args
 
 
 def _read_lines(stream: IO[str], out: queue.Queue[str | None]) -> None:
@@ -115,18 +115,15 @@ class RunWatch:
         self.database = Backoff(f"job {job_id}")
         self.next_poll = self.next_heartbeat = 0.0
 
-    def start(self, resume: bool) -> subprocess.Popen[str]:
+    def start(self, resume: bool) -> RunProcess:
         paths = self.paths
         paths.work_dir.mkdir(parents=True, exist_ok=True)
         paths.output_dir.mkdir(parents=True, exist_ok=True)
         paths.stop_file.unlink(missing_ok=True)
-        env = {**run_env(os.environ), "PYTHONUNBUFFERED": "1"}  # no service secrets (worker/run_env.py)
         with paths.log_file.open("ab") as log_handle:
             self.log_start = log_handle.tell()
-            proc = subprocess.Popen(
-                train_command(paths, resume=resume), stdout=subprocess.PIPE, stderr=log_handle,
-                stdin=subprocess.DEVNULL, text=True, bufsize=1, env=env, start_new_session=True,
-            )  # fmt: skip
+            # No service secrets in a run's environment (worker/run_env.py).
+            proc = start_run(train_args(paths, resume=resume), run_environment(os.environ), log_handle)
         paths.pid_file.write_text(str(proc.pid), encoding="utf-8")
         assert proc.stdout is not None
         threading.Thread(target=_read_lines, args=(proc.stdout, self.lines), daemon=True).start()
@@ -169,7 +166,7 @@ class RunWatch:
             else:
                 self.ingestor.add(event)
 
-    def database_work(self, proc: subprocess.Popen[str], now: float) -> None:
+    def database_work(self, proc: RunProcess, now: float) -> None:
         """Write due events, look for a stop, renew the heartbeat; a database outage only delays these.
 
         The run keeps training meanwhile and its events wait in the ingestor: an outage of a minute
@@ -191,13 +188,13 @@ class RunWatch:
             return
         self.database.succeeded(now)
 
-    def check_stop(self, proc: subprocess.Popen[str], now: float) -> None:
+    def check_stop(self, proc: RunProcess, now: float) -> None:
         """A user's cancel or the worker's shutdown: ask the run to checkpoint and stop."""
         reason = _stop_reason(self.session_factory, self.job_id, self.should_stop)
         if reason is not None:
             self.stop(proc, now, reason)
 
-    def stop(self, proc: subprocess.Popen[str], now: float, reason: ErrorReason) -> None:
+    def stop(self, proc: RunProcess, now: float, reason: ErrorReason) -> None:
         self.stopped_by = reason
         log.info("job %s: stopping its run (%s)", self.job_id, reason)
         self.paths.stop_file.touch()
@@ -210,7 +207,7 @@ class RunWatch:
             fenced = fence(self.attempt) if self.attempt is not None else ()
             session.execute(update(Job).where(Job.id == self.job_id, *fenced).values(updated_at=utcnow()))
 
-    def finish(self, proc: subprocess.Popen[str]) -> None:
+    def finish(self, proc: RunProcess) -> None:
         if proc.poll() is None:  # we are leaving on an error: do not leave the run behind
             _signal(proc, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -229,7 +226,7 @@ class RunWatch:
         self.paths.pid_file.unlink(missing_ok=True)
 
 
-def _signal(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+def _signal(proc: RunProcess, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(sig)
 

@@ -8,6 +8,7 @@ the job goes back to the queue (see ``execute_job``'s ``should_stop``).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -20,6 +21,8 @@ from service_core.queue import TASK_NAME
 from service_core.settings import get_settings
 from worker.celery_app import app
 from worker.execute import execute_job
+from worker.forkserver import start_fork_server, stop_fork_server
+from worker.run_env import run_environment
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,18 @@ class RunJobMessage(BaseModel):
 def _setup_logging(**_: Any) -> None:
     # Structured logs instead of Celery's (JSON off a terminal); connecting here stops Celery's own.
     configure_logging()
+
+
+@signals.worker_init.connect
+def _start_fork_server(**_: Any) -> None:
+    # Before the first message: the imports happen while the slot waits for work.
+    if get_settings().prewarm_runs:
+        start_fork_server(run_environment(os.environ))
+
+
+@signals.worker_shutdown.connect
+def _stop_fork_server(**_: Any) -> None:
+    stop_fork_server()
 
 
 @signals.worker_shutting_down.connect

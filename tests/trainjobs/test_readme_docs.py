@@ -25,7 +25,10 @@ def test_every_setting_is_in_the_table_with_its_default() -> None:
         assert alias in table, f"{alias} is not documented in the README's Settings table"
         default = field.get_default(call_default_factory=True)
         if isinstance(default, int | float | str | Path):
-            shown = f"{default:g}" if isinstance(default, float) else str(default)
+            if isinstance(default, bool):  # as it is written in the environment
+                shown = str(default).lower()
+            else:
+                shown = f"{default:g}" if isinstance(default, float) else str(default)
             assert f"`{shown}`" in table[alias], (alias, default, table[alias])
     assert set(table) == {f.validation_alias for f in Settings.model_fields.values()}
 

@@ -1,0 +1,192 @@
+"""Runs forked from a slot's pre-imported parent (worker/forkserver.py, worker/zygote.py): real runs
+under the supervisor, the same results as a fresh interpreter, a clean process, and the slow path
+whenever the warm one cannot be trusted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from service_core.db import Job, MetricPoint
+from service_core.db.session import session_scope
+from service_core.settings import Settings
+from worker import forkserver
+from worker.execute import execute_job
+from worker.forkserver import ForkedRun, ForkServer, fork_server_pid, start_fork_server, start_run, stop_fork_server
+from worker.lease import kill_own_runs
+from worker.paths import run_paths
+from worker.run_env import run_environment
+from worker.zygote import unsafe_to_fork
+
+from .conftest import JobFactory, group_members, load_job, quick_spec
+from .test_supervisor import start_in_thread, wait_for
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """This test process as a slot with a fork server; secrets in its environment, as a worker has."""
+    saved = dict(os.environ)
+    os.environ.update({"TRAINJOBS_SECRET_KEY": "slot-secret", "TRAINJOBS_API_KEY": "admin-key"})
+    server = start_fork_server(run_environment(os.environ))
+    assert server.usable(run_environment(os.environ))
+    try:
+        yield server
+    finally:
+        stop_fork_server()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def losses(settings: Settings, job_id: str) -> list[float | None]:
+    with session_scope(settings.database_url) as s:
+        rows = s.execute(select(MetricPoint.value).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
+                         .order_by(MetricPoint.step)).scalars().all()  # fmt: skip
+    return list(rows)
+
+
+def quality(settings: Settings, job_id: str) -> dict[str, float]:
+    """The final metrics that depend on the training alone (not on how fast it ran)."""
+    metrics = load_job(settings, job_id).final_metrics or {}
+    timed = ("runtime", "per_second")
+    return {k: v for k, v in metrics.items() if not any(t in k for t in timed)}
+
+
+def test_a_forked_run_trains_exactly_as_a_fresh_interpreter(
+    warm: ForkServer, sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    spec = quick_spec(sentiment_files)
+    forked = make_job(sqlite_settings, spec)
+    assert execute_job(forked, sqlite_settings) == "succeeded"
+    forkserver._server = None  # the same slot without its fork server: a fresh interpreter
+    try:
+        fresh = make_job(sqlite_settings, spec)
+        assert execute_job(fresh, sqlite_settings) == "succeeded"
+    finally:
+        forkserver._server = warm
+    assert len(losses(sqlite_settings, forked)) == 8
+    assert losses(sqlite_settings, forked) == losses(sqlite_settings, fresh)
+    assert quality(sqlite_settings, forked) == quality(sqlite_settings, fresh)
+
+
+def test_a_forked_run_is_a_clean_process_and_cancel_stops_its_group(
+    warm: ForkServer, sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    job_id = make_job(sqlite_settings, quick_spec(sentiment_files, num_train_epochs=200, dataloader_num_workers=1))
+    thread, result = start_in_thread(job_id, sqlite_settings)
+    wait_for(lambda: load_job(sqlite_settings, job_id).progress_step >= 2, 90, "the run to make progress")
+    pid = int(run_paths(job_id, sqlite_settings).pid_file.read_text())
+    assert parent_of(pid) == fork_server_pid() == warm.proc.pid  # forked, not a fresh interpreter
+    assert os.getsid(pid) == pid and os.getpgid(pid) == pid  # a session and group of its own
+    env = environ_of(pid)
+    assert "TRAINJOBS_SECRET_KEY" not in env and "TRAINJOBS_API_KEY" not in env
+    assert env["PYTHONUNBUFFERED"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    wait_for(lambda: len(group_members(pid)) >= 2, 30, "the dataloader worker to start")
+    with session_scope(sqlite_settings.database_url) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+    thread.join(60)
+    assert result["status"] == "cancelled"
+    assert group_members(pid) == []
+    assert warm.proc.poll() is None  # the fork server lives on for the next run
+
+
+def blocked_run_args(tmp_path: Path) -> list[str]:
+    """Arguments of a run that blocks reading its spec (a FIFO nobody writes): alive until killed."""
+    spec = tmp_path / "spec.json"
+    os.mkfifo(spec)
+    return [str(spec), "--output-dir", str(tmp_path / "out")]
+
+
+def test_a_fenced_out_slot_kills_its_forked_run_but_not_the_fork_server(warm: ForkServer, tmp_path: Path) -> None:
+    with (tmp_path / "log").open("ab") as log:
+        run = start_run(["--help"], run_environment(os.environ), log)
+        assert isinstance(run, ForkedRun)
+        assert run.wait(timeout=60) == 0  # argparse's --help: the engine's main ran in the child
+        run = start_run(blocked_run_args(tmp_path), run_environment(os.environ), log)
+    assert isinstance(run, ForkedRun)
+    try:
+        assert run.pid in kill_own_runs()
+        assert run.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if run.poll() is None:
+            os.kill(run.pid, signal.SIGKILL)
+    assert warm.proc.poll() is None
+
+
+def test_another_run_environment_starts_a_fresh_interpreter(warm: ForkServer, tmp_path: Path) -> None:
+    env = {**warm.env, "TRAINJOBS_FAULT_SOMETHING": "1"}
+    with (tmp_path / "log").open("ab") as log:
+        run = start_run(["--help"], env, log)
+    assert isinstance(run, subprocess.Popen)
+    assert run.wait(timeout=120) == 0
+
+
+def test_a_dead_fork_server_loses_no_run_and_later_runs_start_fresh(tmp_path: Path) -> None:
+    env = run_environment(os.environ)
+    server = ForkServer(env)
+    saved, forkserver._server = forkserver._server, server
+    try:
+        assert server.usable(env)
+        with (tmp_path / "log").open("ab") as log:
+            run = server.launch(["--help"], env, log.fileno())
+            run.wait(timeout=60)
+            run = server.launch(blocked_run_args(tmp_path), env, log.fileno())
+            server.proc.kill()  # the zygote dies with a run outstanding
+            server.proc.wait()
+            assert run.poll() is None  # the orphaned run is still there: no status made up for it
+            os.kill(run.pid, signal.SIGKILL)
+            assert run.wait(timeout=30) == -signal.SIGKILL  # gone unreported: counted as killed
+            fresh = start_run(["--help"], env, log)
+        assert isinstance(fresh, subprocess.Popen)
+        assert fresh.wait(timeout=120) == 0
+    finally:
+        forkserver._server = saved
+        server.close()
+
+
+def test_the_fork_server_ends_with_its_slot(tmp_path: Path) -> None:
+    # A stand-in slot: starts a fork server, reports its pid, then is SIGKILLed.
+    script = (
+        "import os, sys\n"
+        "from worker.forkserver import start_fork_server\n"
+        "from worker.run_env import run_environment\n"
+        "server = start_fork_server(run_environment(os.environ))\n"
+        "print(server.proc.pid, server.usable(run_environment(os.environ)), flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    slot = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    assert slot.stdout is not None
+    pid, ready = slot.stdout.readline().split()
+    assert ready == "True"
+    assert group_members(int(pid)) == [int(pid)]
+    slot.kill()
+    slot.wait()
+    wait_for(lambda: group_members(int(pid)) == [], 20, "the fork server to end after its slot")
+
+
+def test_a_python_thread_makes_a_parent_unsafe_to_fork() -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert unsafe_to_fork() == "2 Python threads after importing"
+    finally:
+        stop.set()
+        thread.join()
+    assert unsafe_to_fork() is None

@@ -1,0 +1,162 @@
+"""The pre-imported parent a worker slot forks its runs from: ``python -m worker.zygote FD trainjobs-run``.
+
+A fresh ``python -m trainer_core`` spends most of its first ten seconds importing torch,
+transformers, datasets and accelerate (bench/bench_service_overhead.py). This process imports them
+once, with the environment a run gets (worker/run_env.py), then waits on its end of a Unix socket
+(SOCK_SEQPACKET, inherited as file descriptor ``FD``) for requests from its slot
+(:mod:`worker.forkserver`). Each request carries the run's arguments, environment and working
+directory, and three file descriptors: stdin, stdout (the slot's pipe) and stderr (the run's log).
+For each it forks a child that becomes the run: a session of its own, those descriptors as 0/1/2,
+the request's environment, then the engine's ``main`` and ``os._exit`` with its status.
+
+The slot learns ``{"pid": N}`` at once and ``{"exit": N, "code": C}`` (``C`` as
+``subprocess.Popen.returncode``: negative for a signal) when the child ends, since only this process
+can wait for it. The socket closing (the slot died) ends this process; its children run on, exactly
+as a run started with ``subprocess`` outlives a dead slot (recovery kills leftovers by pid file).
+
+Only this module's own imports and trainer_core are loaded: no service code, settings or secrets.
+The last argument is a marker only: recovery recognises a run process by ``trainjobs`` in its
+command line (worker/recovery.py), and a forked run shows this process's command line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+MARKER = "trainjobs-run"  # on this process's (and so every forked run's) command line, for recovery
+RUN_MAIN = "trainer_core.cli"  # what ``python -m trainer_core`` runs
+# What a run imports before its first step; the rest of trainer_core loads with these.
+PREIMPORTS = (
+    "trainer_core.cli", "trainer_core.run", "trainer_core.preflight", "trainer_core.failures",
+    "trainer_core.backends.trainer_backend", "trainer_core.backends.accelerate_backend",
+    "transformers.models.bert.modeling_bert",
+)  # fmt: skip
+MAX_MESSAGE = 1 << 20  # a request: argv, environment, cwd (the environment is the large part)
+REAP_EVERY_S = 0.05
+
+
+def unsafe_to_fork() -> str | None:
+    """Why forking runs from this process would be wrong, if it would.
+
+    A process that started CUDA cannot hand it to a forked child (the child's CUDA calls fail), and a
+    Python thread could hold a lock (logging's, the import lock) that the child inherits taken. The
+    native helper threads some libraries start at import (OpenBLAS, jemalloc) reset themselves at fork.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "torch initialised CUDA while importing"
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):
+                return "a GPU device was opened while importing"
+        except OSError:
+            continue
+    if threading.active_count() != 1:
+        return f"{threading.active_count()} Python threads after importing"
+    return None
+
+
+def preimport() -> str | None:
+    """Import what runs need; returns why this process cannot serve runs, or None."""
+    import importlib
+
+    for name in PREIMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a run that needs it reports the error itself, in its own process
+            print(f"worker.zygote: {name} not preimported: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return unsafe_to_fork()
+
+
+def become_run(request: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
+    """In the forked child: turn into the run the request describes, and never return."""
+    code = 1
+    try:
+        sock.close()
+        os.setsid()  # a group of its own: the slot signals and sweeps the run's whole group
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = ["python -m trainer_core", *request["args"]]
+        code = _run_main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        # What a normal interpreter exit does: atexit handlers (loggers, trackers), flushed streams.
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _run_main(args: list[str]) -> int:
+    import importlib
+
+    main: Callable[[list[str]], int] = importlib.import_module(RUN_MAIN).main
+    return int(main(args))
+
+
+def serve(sock: socket.socket) -> None:
+    """Fork a run per request until the slot's end of the socket closes; report each exit."""
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sock], [], [], REAP_EVERY_S)
+        if readable:
+            message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+            if not message:
+                return  # the slot is gone
+            request = json.loads(message)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                become_run(request, fds, sock)
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            sock.send(json.dumps({"pid": pid}).encode())
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(args[0]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the slot's to handle
+    unsafe = preimport()
+    sock.send(json.dumps({"ready": unsafe is None, "why": unsafe}).encode())
+    if unsafe is not None:
+        return 1
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the slot went away meanwhile
+        serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
