@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from worker.forkserver import ForkedRun, ForkServer, fork_server_pid, start_fork
 from worker.lease import kill_own_runs
 from worker.paths import run_paths
 from worker.run_env import run_environment
-from worker.zygote import unsafe_to_fork
 
 from .conftest import JobFactory, group_members, load_job, quick_spec
 from .test_supervisor import start_in_thread, wait_for
@@ -181,12 +179,17 @@ def test_the_fork_server_ends_with_its_slot(tmp_path: Path) -> None:
 
 
 def test_a_python_thread_makes_a_parent_unsafe_to_fork() -> None:
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait)
-    thread.start()
-    try:
-        assert unsafe_to_fork() == "2 Python threads after importing"
-    finally:
-        stop.set()
-        thread.join()
-    assert unsafe_to_fork() is None
+    # In a fresh interpreter: this test process may hold threads that earlier tests left behind.
+    script = (
+        "import threading\n"
+        "from worker.zygote import unsafe_to_fork\n"
+        "print(unsafe_to_fork())\n"
+        "stop = threading.Event()\n"
+        "thread = threading.Thread(target=stop.wait)\n"
+        "thread.start()\n"
+        "print(unsafe_to_fork())\n"
+        "stop.set()\n"
+        "thread.join()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines() == ["None", "2 Python threads after importing"]
