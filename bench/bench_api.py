@@ -61,6 +61,7 @@ from service_core.keys import create_api_key
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from worker.processes import stop_processes
+from worker.procfs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -106,22 +107,6 @@ def write_csv(directory: Path, rows: int) -> dict[str, str]:
                 writer.writerow([f"the film was {rng.choice(words[label])} and {rng.choice(words[label])}", label])
         files[split] = str(path)
     return files
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    """Live pids whose command line contains ``marker`` (this run's home or queue name)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.append(int(entry))
-    return found
 
 
 @dataclass

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from service_core.db.models import Job, MetricPoint  # noqa: E402
 from trainjobs.launcher import apply_migrations  # noqa: E402
+from worker.procfs import all_processes  # noqa: E402
 
 KEY = "tj_bench-dashboard-key"
 GOAL_S = 1.0
@@ -122,16 +123,7 @@ def page_weight_kb() -> tuple[float, float]:
 
 def group_cpu_seconds(pgid: int) -> float:
     """CPU time (user + system) used so far by the processes of group ``pgid`` (the API's)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
+    return sum(p.cpu_ticks for p in all_processes() if p.pgid == pgid) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(url: str, job_id: str, runs: int, api_pgid: int) -> None:

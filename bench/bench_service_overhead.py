@@ -44,11 +44,12 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_api import Service, free_port, processes_mentioning, running_service, service_env, wait_until_ready
+from bench_api import Service, free_port, running_service, service_env, wait_until_ready
 
 from service_core.settings import Settings
 from trainjobs.launcher import write_example
 from worker.processes import stop_processes
+from worker.procfs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "tj_bench-service-overhead-admin-key"

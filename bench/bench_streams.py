@@ -60,6 +60,7 @@ from service_core.keys import create_api_key
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from worker.processes import stop_processes
+from worker.procfs import all_processes, proc_stat
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_P50_MS, GOAL_P99_MS, GOAL_IDLE_QPS, GOAL_RSS_MIB = 100.0, 500.0, 50.0, 1024.0
@@ -90,11 +91,7 @@ class Service:
 
 def api_pid(serve_pid: int) -> int:
     """The API process: ``trainjobs serve`` itself with one worker, else its child (several: the first)."""
-    for entry in Path("/proc").iterdir():
-        with suppress(OSError, IndexError):
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == serve_pid:
-                return int(entry.name)
-    return serve_pid
+    return next((p.pid for p in all_processes() if p.ppid == serve_pid), serve_pid)
 
 
 def rss_mib(pid: int) -> float:
@@ -106,8 +103,10 @@ def rss_mib(pid: int) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    stat = proc_stat(pid)
+    if stat is None:
+        raise RuntimeError(f"no process {pid}")
+    return stat.cpu_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def xact_commits(db_name: str) -> int:

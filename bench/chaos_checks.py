@@ -114,9 +114,13 @@ def judge(facts: JobFacts, expect: str, *, one_attempt: bool = False, every_step
         if facts.progress_step != total:
             v.wrong = True
             v.why.append(f"{facts.id}: step {facts.progress_step}/{total}")
-        if every_step and sorted(set(facts.loss_steps)) != list(range(1, total + 1)):
+        have, want = set(facts.loss_steps), set(range(1, total + 1))
+        if every_step and have != want:
             v.wrong = True
-            v.why.append(f"{facts.id}: loss steps not 1..{total} (have {len(set(facts.loss_steps))})")
+            # Which steps, and the attempts' history: enough to tell a lost point from a rewind gone wrong.
+            history = [(s.get("status"), (s.get("message") or "")[:80]) for s in facts.statuses]
+            v.why.append(f"{facts.id}: loss steps not 1..{total}: missing {sorted(want - have)[:10]},"
+                         f" extra {sorted(have - want)[:10]}; statuses {history}")  # fmt: skip
     return v
 
 

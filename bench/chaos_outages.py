@@ -21,8 +21,9 @@ from sqlalchemy.engine import make_url
 from bench.bench_api import free_port, service_env
 from bench.chaos_checks import Row, job_facts, judge
 from bench.chaos_scenarios import START_S, job_row, mid_training, run_pid, running_again, wait_terminal
-from bench.chaos_service import API_KEY, PG_ADMIN, REPO, RedisServer, Service, pid_alive, processes_of, wait_for
+from bench.chaos_service import API_KEY, PG_ADMIN, REPO, RedisServer, Service, processes_of, wait_for
 from service_core.status import ErrorReason, JobStatus
+from worker.procfs import is_alive, process_state
 
 SETTLE_S = 30.0  # after an outage: the outcome's backoff, a lease to expire and a sweep
 
@@ -132,7 +133,7 @@ def r7_db_outages(svc: Service, outages: list[float]) -> Row:
 
 def orphaned(svc: Service, job_id: str) -> bool:
     """``running`` with no live run process."""
-    return job_row(svc, job_id).status == JobStatus.running and not pid_alive(run_pid(svc, job_id))
+    return job_row(svc, job_id).status == JobStatus.running and not is_alive(run_pid(svc, job_id))
 
 
 def listening(port: int) -> bool:
@@ -237,7 +238,7 @@ def freeze_between_writes(svc: Service, slot: int) -> int:
     """
     for attempt in range(1, FREEZE_TRIES + 1):
         os.kill(slot, signal.SIGSTOP)
-        while Path(f"/proc/{slot}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+        while process_state(slot) not in ("T", "t"):
             time.sleep(0.001)
         if not sqlite_write_locks(svc, slot):
             return attempt

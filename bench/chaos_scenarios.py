@@ -14,12 +14,13 @@ import time
 from sqlalchemy import select
 
 from bench.chaos_checks import TERMINAL, Row, job_facts, job_progress, job_statuses, judge
-from bench.chaos_service import GRACE_S, Service, parent_of, pid_alive, wait_for
+from bench.chaos_service import GRACE_S, Service, wait_for
 from service_core.db import Job
 from service_core.db.session import session_scope
 from service_core.status import JobStatus
 from trainer_core.checkpoint import newest_checkpoint
 from worker.paths import run_paths
+from worker.procfs import is_alive, parent_of
 
 FINISH_S = 300.0  # the longest a set of tiny jobs may go without any of them moving
 START_S = 600.0  # for a job to reach a point (running, a step) or to run again; generous: the machine is shared
@@ -82,6 +83,8 @@ def inject(svc: Service, job: Job, kind: str) -> None:
     """SIGKILL the run, the slot or the worker main of ``job`` (both for ``main-no-restart``)."""
     slot = int(job.pid or 0)
     main = parent_of(slot)
+    if main is None:  # never os.kill(0): that is the bench's own process group
+        raise ProcessLookupError(f"the slot {slot} of job {job.id} is gone before the kill")
     if kind == "run":
         os.kill(run_pid(svc, job.id) or 0, signal.SIGKILL)
         return
@@ -89,7 +92,7 @@ def inject(svc: Service, job: Job, kind: str) -> None:
         os.kill(slot, signal.SIGKILL)
     if kind in ("main", "main-no-restart"):
         os.kill(main, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(main), 60, "the killed worker to be gone")
+    wait_for(lambda: not is_alive(main), 60, "the killed worker to be gone")
     if kind != "main-no-restart":  # without a restart, the other worker's sweep must take over
         keep_workers(svc)
 
@@ -176,7 +179,7 @@ def r4_cancels(svc: Service, trials: int) -> Row:
             except TimeoutError as exc:
                 row.fail(f"{job_id}: {exc}")
             try:
-                wait_for(lambda: not pid_alive(pids[job_id]), 10, "the run process to go")  # noqa: B023
+                wait_for(lambda: not is_alive(pids[job_id]), 10, "the run process to go")  # noqa: B023
             except TimeoutError:
                 row.fail(f"{job_id}: run process {pids[job_id]} left after the cancel")
             row.add(judge(job_facts(svc.observer_url, job_id), JobStatus.cancelled, every_step=False))
@@ -205,19 +208,19 @@ def r9_storm(svc: Service, jobs: int, kills: int, seed: int = 0) -> Row:
         victim = rng.choice(running)
         if rng.random() < 0.7:
             pid = run_pid(svc, victim)
-            if pid_alive(pid):
+            if is_alive(pid):
                 os.kill(pid or 0, signal.SIGKILL)
             else:
                 continue
         else:
             slot = job_row(svc, victim).pid
-            if not pid_alive(slot):
+            if not is_alive(slot):
                 continue
             main = parent_of(int(slot or 0))
             if main not in {w.pid for w in svc.live_workers()}:
                 continue
             os.kill(main, signal.SIGKILL)
-            wait_for(lambda: not pid_alive(main), 60, "the killed worker to be gone")  # noqa: B023
+            wait_for(lambda: not is_alive(main), 60, "the killed worker to be gone")  # noqa: B023
             keep_workers(svc)
         done += 1
         last_kill = time.monotonic()

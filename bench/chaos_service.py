@@ -25,12 +25,13 @@ from typing import Any
 import httpx
 import psycopg
 
-from bench.bench_api import TINY_BERT, free_port, processes_mentioning, service_env, write_csv
+from bench.bench_api import TINY_BERT, free_port, service_env, write_csv
 from bench.chaos_proxy import TcpProxy
 from service_core.db import Base
 from service_core.db.session import get_engine
 from service_core.settings import Settings
 from worker.processes import stop_processes
+from worker.procfs import is_alive, processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -52,33 +53,18 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: flo
         time.sleep(every)
 
 
-def pid_alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    if not pid:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def processes_of(home: Path) -> list[int]:
     """Live processes whose environment names ``home`` as TRAINJOBS_HOME: API, workers, slots, runs."""
     needle = f"TRAINJOBS_HOME={home}\0".encode()
     found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid() and pid_alive(int(entry)):
+        if entry.isdigit() and int(entry) != os.getpid() and is_alive(int(entry)):
             try:
                 if needle in Path(f"/proc/{entry}/environ").read_bytes():
                     found.append(int(entry))
             except OSError:
                 continue
     return found
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 class RedisServer:

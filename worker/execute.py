@@ -169,11 +169,7 @@ def prepare_resume(job_id: str, settings: Settings, paths: RunPaths, attempt: in
         return False
     with session_scope(settings.database_url) as session:
         stored = session.execute(select(Job.progress_step).where(Job.id == job_id)).scalar_one()
-        last_status = session.execute(
-            select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")
-            .order_by(JobEvent.seq.desc()).limit(1)
-        ).scalar_one_or_none() or {}
-        trusted = stored - 1 if last_status.get("message") == LOST_WORKER_MESSAGE else stored
+        trusted = stored - 1 if supervisor_was_lost(session, job_id) else stored
         for ahead in complete_checkpoints(paths.output_dir):
             if read_progress(ahead).global_step > trusted:
                 log.info("job %s: %s is past the stored step %d: not resuming from it", job_id, ahead.name, stored)
@@ -184,6 +180,26 @@ def prepare_resume(job_id: str, settings: Settings, paths: RunPaths, attempt: in
     if dropped:
         log.info("job %s: dropped %d metric points after step %d, logged anew on resume", job_id, dropped, step)
     return checkpoint is not None
+
+
+def supervisor_was_lost(session: Session, job_id: str) -> bool:
+    """Whether the sweep requeued the job after its last attempt's supervisor was lost.
+
+    Read back from the newest status event, past this attempt's own ``running`` (its claim wrote it
+    before the resume is prepared), to the previous attempt's ``running``: the requeue lies between.
+    """
+    statuses = session.execute(
+        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")
+        .order_by(JobEvent.seq.desc()).limit(50)
+    ).scalars()  # fmt: skip
+    for index, data in enumerate(statuses):
+        if data.get("status") == JobStatus.running:
+            if index == 0:
+                continue
+            return False
+        if str(data.get("message") or "").startswith(LOST_WORKER_MESSAGE):
+            return True
+    return False
 
 
 def claim(job_id: str, settings: Settings) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:

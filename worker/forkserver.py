@@ -29,9 +29,9 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import IO, Any, Protocol
 
+from worker.procfs import is_alive
 from worker.zygote import MARKER
 
 log = logging.getLogger(__name__)
@@ -125,11 +125,7 @@ class ForkServer:
     def _orphan_status(self, pid: int) -> None:
         # The zygote died before reporting: its orphaned child is init's to reap. Alive: no status yet;
         # gone: its status is lost, and a run that vanished is treated as killed.
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            state = "gone"
-        if state in ("Z", "X", "gone"):  # a zombie waits for a reaper that is not us: it is gone too
+        if not is_alive(pid):  # a zombie waits for a reaper that is not us: it is gone too
             self.exits[pid] = -signal.SIGKILL
 
     def _read(self, timeout: float) -> dict[str, Any] | None:

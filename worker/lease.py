@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import threading
-from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -23,6 +22,7 @@ from service_core.db.jobstore import renew_lease
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from worker.forkserver import fork_server_pid
+from worker.procfs import all_processes, cmdline
 from worker.zygote import MARKER
 
 log = logging.getLogger(__name__)
@@ -43,20 +43,13 @@ def kill_own_runs() -> list[int]:
     server = fork_server_pid()
     parents = {me} if server is None else {me, server}
     killed = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for proc in all_processes():
+        if proc.ppid not in parents or proc.pgid != proc.pid or proc.pid == server:
             continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        pid, ppid, pgid = int(entry), int(fields[1]), int(fields[2])
-        is_run = pid != server and any(marker in cmdline for marker in RUN_MARKERS)
-        if ppid in parents and pgid == pid and is_run:
+        if any(marker in cmdline(proc.pid) for marker in RUN_MARKERS):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-                killed.append(pid)
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed.append(proc.pid)
     return killed
 
 

@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -119,6 +120,23 @@ def _run_main(args: list[str]) -> int:
     return int(main(args))
 
 
+def await_own_session(pid: int, timeout_s: float = 5.0) -> None:
+    """Until the forked child leads its own session (its first step), or is gone.
+
+    The slot signals the run's whole group (cancel, fencing: worker/lease.py:kill_own_runs) as soon as
+    it hears the pid; before the child's ``setsid`` that group is still this server's. ``Popen`` has
+    the same guarantee: it returns only after the child's exec, which follows its ``setsid``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.getsid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return
+        time.sleep(0.0002)
+
+
 def serve(sock: socket.socket) -> None:
     """Fork a run per request until the slot's end of the socket closes; report each exit."""
     children: set[int] = set()
@@ -137,6 +155,7 @@ def serve(sock: socket.socket) -> None:
             for fd in fds:
                 os.close(fd)
             children.add(pid)
+            await_own_session(pid)
             sock.send(json.dumps({"pid": pid}).encode())
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.trainjobs.live import REPO, free_port
+from worker.procfs import all_processes, cmdline
 
 pytestmark = pytest.mark.slow
 
@@ -53,17 +54,15 @@ def first_command(readme: str) -> str:
 def processes_in(folder: Path) -> list[int]:
     """Live processes started from ``folder`` or naming it on their command line."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+    for proc in all_processes():
+        if proc.pid == os.getpid() or not proc.alive:
             continue
         try:
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(f"/proc/{proc.pid}/cwd")
         except OSError:
             continue
-        if state != "Z" and (cwd.startswith(str(folder)) or str(folder).encode() in cmdline):
-            found.append(int(entry))
+        if cwd.startswith(str(folder)) or str(folder).encode() in cmdline(proc.pid):
+            found.append(proc.pid)
     return found
 
 

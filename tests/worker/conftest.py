@@ -3,7 +3,6 @@ them, job factories, and tiny training specs on data the tests write."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from service_core.db import Base, Job
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
 from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
+from worker.procfs import all_processes
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -106,15 +106,4 @@ def quick_spec(files: dict[str, str], **training: Any) -> dict[str, Any]:
 
 def group_members(pgid: int) -> list[int]:
     """Live processes in process group ``pgid`` (zombies excluded)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+    return [p.pid for p in all_processes() if p.alive and p.pgid == pgid]

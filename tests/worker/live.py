@@ -24,29 +24,13 @@ from service_core.db.session import get_engine, session_scope
 from service_core.keys import create_api_key
 from service_core.settings import Settings
 from worker.processes import stop_processes
+from worker.procfs import processes_mentioning
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    """Pids whose command line contains ``marker`` (a test's unique home path or queue name)."""
-    found = []
-    needle = marker.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in cmdline and state != "Z":
-            found.append(int(entry))
-    return found
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:

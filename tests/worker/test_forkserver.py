@@ -22,14 +22,11 @@ from worker.execute import execute_job
 from worker.forkserver import ForkedRun, ForkServer, fork_server_pid, start_fork_server, start_run, stop_fork_server
 from worker.lease import kill_own_runs
 from worker.paths import run_paths
+from worker.procfs import parent_of
 from worker.run_env import run_environment
 
 from .conftest import JobFactory, group_members, load_job, quick_spec
 from .test_supervisor import start_in_thread, wait_for
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def environ_of(pid: int) -> dict[str, str]:
@@ -109,6 +106,25 @@ def blocked_run_args(tmp_path: Path) -> list[str]:
     spec = tmp_path / "spec.json"
     os.mkfifo(spec)
     return [str(spec), "--output-dir", str(tmp_path / "out")]
+
+
+def test_a_forked_run_leads_its_own_group_as_soon_as_its_pid_is_known(warm: ForkServer, tmp_path: Path) -> None:
+    # The slot may signal the run's group (cancel, fencing) the moment start_run returns; a child
+    # that had not yet called setsid was still in the fork server's group, and a fencing sweep missed it.
+    runs = []
+    try:
+        with (tmp_path / "log").open("ab") as log:
+            for i in range(10):
+                (tmp_path / str(i)).mkdir()
+                run = start_run(blocked_run_args(tmp_path / str(i)), run_environment(os.environ), log)
+                runs.append(run)
+                assert isinstance(run, ForkedRun)
+                assert os.getsid(run.pid) == os.getpgid(run.pid) == run.pid
+    finally:
+        for run in runs:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=30)
+    assert warm.proc.poll() is None
 
 
 def test_a_fenced_out_slot_kills_its_forked_run_but_not_the_fork_server(warm: ForkServer, tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from service_core.db.session import get_engine, session_scope
 from service_core.queue import enqueue_job
 from service_core.settings import Settings
 from tests.trainer_core.datagen import write_sentiment_csv
+from worker.procfs import is_alive, process_state
 
 from .conftest import create_pg_database, drop_pg_database, load_job, make_settings, quick_spec
 from .live import processes_mentioning, service_env, stop
@@ -177,7 +178,7 @@ def test_a_frozen_slot_is_fenced_out_and_the_job_ends_once(
         lambda: (load_job(b, job_id).attempts, load_job(b, job_id).status) == (2, "running"),
     )
     os.kill(slot, signal.SIGCONT)  # the stale slot wakes up while attempt 2 runs
-    wait_for("the stale run to be killed", lambda: process_state(run) in ("gone", "Z"), timeout=30)
+    wait_for("the stale run to be killed", lambda: not is_alive(run), timeout=30)
     # Generous: a busy 2-core machine takes over a minute for what an idle one does in seconds.
     wait_for("the job to end", lambda: load_job(b, job_id).status in TERMINAL, timeout=240)
 
@@ -215,13 +216,6 @@ def sqlite_writable(path: str) -> bool:
         return False
     finally:
         conn.close()
-
-
-def process_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def attempt_and_status(settings: Settings, job_id: str) -> tuple[int, str]:

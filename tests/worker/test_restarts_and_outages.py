@@ -26,9 +26,11 @@ from trainer_core.events import make_event
 from worker.execute import claim, execute_job, requeue_after_shutdown, session_factory
 from worker.ingest import EventIngestor
 from worker.outcome import RunOutcome
-from worker.paths import run_paths
+from worker.paths import run_paths, worker_name
+from worker.recovery import recover_orphaned_jobs
 
 from .conftest import JobFactory, create_pg_database, drop_pg_database, load_job, make_settings, quick_spec
+from .test_recovery import dead_pid
 from .test_supervisor import start_in_thread, wait_for
 
 
@@ -104,6 +106,35 @@ def test_a_resume_matches_the_database_one_loss_point_per_step(
         job.spec = {**spec, "training": {**spec["training"], "max_steps": 6}}
 
     assert execute_job(job_id, sqlite_settings) == "succeeded"  # from checkpoint-2, not checkpoint-4
+    with session_scope(sqlite_settings.database_url) as session:
+        steps = session.execute(
+            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
+            .order_by(MetricPoint.seq)
+        ).scalars().all()
+    assert sorted(steps) == list(range(1, 7))  # one point per step: none twice, none missing
+
+
+@pytest.mark.slow
+def test_a_sweep_requeue_distrusts_the_checkpoint_at_the_stored_step(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    # Found by the chaos bench (R1, a SIGKILLed slot and worker): the dead supervisor had stored step
+    # 4's progress but not yet its loss, and its run went on to save checkpoint-4. The sweep requeued
+    # the job; the next attempt's claim (its own `running` event) hid that requeue from the resume,
+    # which trusted checkpoint-4, and step 4 never got a loss point.
+    spec = quick_spec(sentiment_files, max_steps=4, save_steps=2, eval_strategy="no")
+    job_id = make_job(sqlite_settings, spec)
+    assert execute_job(job_id, sqlite_settings) == "succeeded"  # leaves checkpoint-2 and checkpoint-4
+    with session_scope(sqlite_settings.database_url) as session:
+        session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.step == 4))
+        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
+        # Attempt 1 lost at step 4: progress 4 stored, its loss not; its slot process is gone.
+        job.status, job.progress_step, job.worker, job.pid = "running", 4, worker_name(), dead_pid()
+        job.spec = {**spec, "training": {**spec["training"], "max_steps": 6}}
+    assert recover_orphaned_jobs(sqlite_settings) == {job_id: "queued"}
+    assert drain_broker(sqlite_settings, load_job(sqlite_settings, job_id).queue) != []
+
+    assert execute_job(job_id, sqlite_settings) == "succeeded"  # from checkpoint-2: 4 is not trusted
     with session_scope(sqlite_settings.database_url) as session:
         steps = session.execute(
             select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")

@@ -1,0 +1,77 @@
+"""Reading ``/proc/PID/stat``: one parser for the worker, the benches and the tests.
+
+The second field (the command name) is in parentheses and may itself hold spaces and ``)``, so the
+fields are split after its *last* ``)``; what follows starts with the state (``R``, ``S``, ``T``,
+``Z``...), then the parent pid and the process group (proc(5)).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+GONE = ("Z", "X")  # a zombie has ended: only its status waits for a reaper
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of ``/proc/PID/stat`` the project reads."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+    cpu_ticks: int  # user + system time, in clock ticks
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in GONE
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``pid``'s stat fields, or None when there is no such process (or it vanished while read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[11]) + int(fields[12]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_state(pid: int) -> str | None:
+    """``pid``'s state letter (``T`` stopped, ``Z`` zombie...), or None when it does not exist."""
+    stat = proc_stat(pid)
+    return stat.state if stat is not None else None
+
+
+def is_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    stat = proc_stat(pid) if pid else None
+    return stat is not None and stat.alive
+
+
+def parent_of(pid: int) -> int | None:
+    stat = proc_stat(pid)
+    return stat.ppid if stat is not None else None
+
+
+def all_processes() -> Iterator[ProcStat]:
+    """Every process's stat, skipping those that end while the listing is read."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
+            yield stat
+
+
+def cmdline(pid: int) -> bytes:
+    """``pid``'s command line (NUL-separated), empty when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live pids (not this one) whose command line contains ``marker`` (a home path, a queue name)."""
+    needle, me = marker.encode(), os.getpid()
+    return [p.pid for p in all_processes() if p.pid != me and p.alive and needle in cmdline(p.pid)]
