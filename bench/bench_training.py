@@ -259,7 +259,8 @@ def print_breakdown(results: dict[str, dict]) -> None:
             print(f"{name:48} (no steps recorded)")
             continue
         cells = [f"{parts[c]['cpu_ms']:6.0f} ({parts[c]['wall_ms']:6.0f})" for c in columns]
-        print(f"{name:48} " + " ".join(f"{c:>15}" for c in cells) + f"  {parts['steps']} steps")
+        print(f"{name:48} " + " ".join(f"{c:>15}" for c in cells)
+              + f"  {parts['steps']} steps, {parts['tokens_per_step']:.0f} tokens/step (padding included)")
 
 
 if __name__ == "__main__":

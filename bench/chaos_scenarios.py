@@ -192,13 +192,14 @@ def r9_storm(svc: Service, jobs: int, kills: int, seed: int = 0) -> Row:
     the counts by status agree with each job's last status event."""
     rng = random.Random(seed)
     row = Row("R9", svc.shape, note=f"{jobs} jobs, {kills} kills; recovery = last kill to all done")
-    ids = [svc.submit(f"r9-{i}", {"max_steps": 6, "save_steps": 2}, resources={"max_restarts": 20})
+    # Long enough (~1 s of training after a forked run's ~2 s start) for the kills to find runs.
+    ids = [svc.submit(f"r9-{i}", {"max_steps": 20, "save_steps": 4}, resources={"max_restarts": 20})
            for i in range(jobs)]  # fmt: skip
     last_kill = time.monotonic()
     done = 0
     deadline = time.monotonic() + FINISH_S + jobs * 10
     while done < kills and time.monotonic() < deadline:
-        time.sleep(rng.uniform(1.0, 4.0))
+        time.sleep(rng.uniform(0.3, 1.5))
         statuses = job_statuses(svc.observer_url, ids)
         if all(s in TERMINAL for s in statuses.values()):
             break
@@ -224,6 +225,8 @@ def r9_storm(svc: Service, jobs: int, kills: int, seed: int = 0) -> Row:
             keep_workers(svc)
         done += 1
         last_kill = time.monotonic()
+    if done < kills:  # a storm that injected less than planned tested less than it says
+        row.fail(f"only {done} of {kills} kills landed before the jobs ended")
     wait_terminal(svc, ids)
     row.recovered(time.monotonic() - last_kill)
     for job_id in ids:

@@ -10,6 +10,9 @@ of this process: on a machine shared with other work, it counts this process's o
 - ``optimizer``: ``Optimizer.step`` (through torch's global step hooks), ``zero_grad`` and gradient clipping;
 - ``checkpoint``: ``Accelerator.save_state`` and ``Trainer._save_checkpoint``.
 
+It also counts the ``input_ids`` elements the training forwards see, padding included: what forward
+and backward cost grows with, so two loops over the same data can be told apart by their batching.
+
 The training window runs from the first batch fetched to the end of the last optimizer step or
 checkpoint; ``other`` is the window minus those parts: the loop's own per-step work (events,
 scheduler, callbacks, moving batches, accelerate's wrappers). Calls outside the window (the
@@ -44,6 +47,7 @@ class StepBreakdown:
     model_cls: type
     calls: list[_Call] = field(default_factory=list)
     steps: int = 0
+    tokens: int = 0  # input_ids elements (padding included) through training forwards
     _depth: int = 0  # nested timed calls (clipping inside an accelerate wrapper) count once
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
@@ -67,6 +71,8 @@ class StepBreakdown:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not when():
                 return original(*args, **kwargs)
+            if part == "forward" and (ids := kwargs.get("input_ids")) is not None:
+                self.tokens += int(ids.numel())
             with self.timed(part):
                 return original(*args, **kwargs)
 
@@ -117,7 +123,7 @@ class StepBreakdown:
         begin, end = first.start, last.start + last.wall
         inside = [c for c in self.calls if begin <= c.start < end]
         window_cpu = last.cpu_start + last.cpu - first.cpu_start
-        out: dict[str, Any] = {"steps": self.steps}
+        out: dict[str, Any] = {"steps": self.steps, "tokens_per_step": self.tokens / self.steps}
         for part in PARTS:
             chosen = [c for c in inside if c.part == part]
             out[part] = {"wall_ms": 1e3 * sum(c.wall for c in chosen) / self.steps,

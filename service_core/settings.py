@@ -51,10 +51,8 @@ class Settings(BaseSettings):
     # How long an API process trusts a key it has checked; a revocation takes effect within this time.
     auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
     # A worker slot forks its runs from a parent that has imported torch and transformers already
-    # (worker/forkserver.py): seconds off every run's start, for one idle process per slot. Off by
-    # default until a chaos-bench failure seen with it on (one loss point missing after a slot kill)
-    # is understood.
-    prewarm_runs: bool = Field(default=False, validation_alias="TRAINJOBS_PREWARM_RUNS")
+    # (worker/forkserver.py): seconds off every run's start, for one idle process per slot.
+    prewarm_runs: bool = Field(default=True, validation_alias="TRAINJOBS_PREWARM_RUNS")
     # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
     max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
     max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")
