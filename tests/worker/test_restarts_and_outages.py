@@ -88,6 +88,28 @@ def test_a_killed_run_resumes_from_its_checkpoint_until_its_restarts_are_spent(
     assert "no restarts left: resources.max_restarts is 0" in (job.error_message or "")
 
 
+def lost_at_step_4(settings: Settings, make_job: JobFactory, files: dict[str, str], **row: object) -> str:
+    """A job whose attempt ran to step 4 (checkpoint-2 and checkpoint-4 on disk) and was lost before
+    its step-4 loss point was stored; ``row`` sets the job's fields as that loss left them. Its spec
+    now asks for 6 steps, so the resume has steps left to train."""
+    spec = quick_spec(files, max_steps=4, save_steps=2, eval_strategy="no")
+    job_id = make_job(settings, spec)
+    assert execute_job(job_id, settings) == "succeeded"  # leaves checkpoint-2 and checkpoint-4
+    with session_scope(settings.database_url) as session:
+        session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.step == 4))
+        session.execute(update(Job).where(Job.id == job_id).values(
+            spec={**spec, "training": {**spec["training"], "max_steps": 6}}, **row))  # fmt: skip
+    return job_id
+
+
+def loss_steps(settings: Settings, job_id: str) -> list[int]:
+    with session_scope(settings.database_url) as session:
+        return list(session.execute(
+            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
+            .order_by(MetricPoint.seq)
+        ).scalars())  # fmt: skip
+
+
 @pytest.mark.slow
 def test_a_resume_matches_the_database_one_loss_point_per_step(
     sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
@@ -95,23 +117,10 @@ def test_a_resume_matches_the_database_one_loss_point_per_step(
     # Found by the chaos bench (R1, a SIGKILLed slot): the slot died with events it had not written
     # while its run saved a checkpoint on, and the orphan recovery requeued the job without the restart
     # path's rewind: the resumed run logged some steps twice and others not at all.
-    spec = quick_spec(sentiment_files, max_steps=4, save_steps=2, eval_strategy="no")
-    job_id = make_job(sqlite_settings, spec)
-    assert execute_job(job_id, sqlite_settings) == "succeeded"  # leaves checkpoint-2 and checkpoint-4
-    # That attempt, lost at step 4: the database holds steps 1..3 (3 is past checkpoint-2), not 4.
-    with session_scope(sqlite_settings.database_url) as session:
-        session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.step == 4))
-        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        job.status, job.progress_step = "queued", 3
-        job.spec = {**spec, "training": {**spec["training"], "max_steps": 6}}
-
+    # The database holds steps 1..3 (3 is past checkpoint-2), not 4.
+    job_id = lost_at_step_4(sqlite_settings, make_job, sentiment_files, status="queued", progress_step=3)
     assert execute_job(job_id, sqlite_settings) == "succeeded"  # from checkpoint-2, not checkpoint-4
-    with session_scope(sqlite_settings.database_url) as session:
-        steps = session.execute(
-            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
-            .order_by(MetricPoint.seq)
-        ).scalars().all()
-    assert sorted(steps) == list(range(1, 7))  # one point per step: none twice, none missing
+    assert sorted(loss_steps(sqlite_settings, job_id)) == list(range(1, 7))  # one point per step
 
 
 @pytest.mark.slow
@@ -122,25 +131,12 @@ def test_a_sweep_requeue_distrusts_the_checkpoint_at_the_stored_step(
     # 4's progress but not yet its loss, and its run went on to save checkpoint-4. The sweep requeued
     # the job; the next attempt's claim (its own `running` event) hid that requeue from the resume,
     # which trusted checkpoint-4, and step 4 never got a loss point.
-    spec = quick_spec(sentiment_files, max_steps=4, save_steps=2, eval_strategy="no")
-    job_id = make_job(sqlite_settings, spec)
-    assert execute_job(job_id, sqlite_settings) == "succeeded"  # leaves checkpoint-2 and checkpoint-4
-    with session_scope(sqlite_settings.database_url) as session:
-        session.execute(delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.step == 4))
-        job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        # Attempt 1 lost at step 4: progress 4 stored, its loss not; its slot process is gone.
-        job.status, job.progress_step, job.worker, job.pid = "running", 4, worker_name(), dead_pid()
-        job.spec = {**spec, "training": {**spec["training"], "max_steps": 6}}
+    job_id = lost_at_step_4(sqlite_settings, make_job, sentiment_files, status="running", progress_step=4,
+                            worker=worker_name(), pid=dead_pid())  # fmt: skip
     assert recover_orphaned_jobs(sqlite_settings) == {job_id: "queued"}
     assert drain_broker(sqlite_settings, load_job(sqlite_settings, job_id).queue) != []
-
     assert execute_job(job_id, sqlite_settings) == "succeeded"  # from checkpoint-2: 4 is not trusted
-    with session_scope(sqlite_settings.database_url) as session:
-        steps = session.execute(
-            select(MetricPoint.step).where(MetricPoint.job_id == job_id, MetricPoint.name == "loss")
-            .order_by(MetricPoint.seq)
-        ).scalars().all()
-    assert sorted(steps) == list(range(1, 7))  # one point per step: none twice, none missing
+    assert sorted(loss_steps(sqlite_settings, job_id)) == list(range(1, 7))  # one point per step
 
 
 @pytest.fixture
