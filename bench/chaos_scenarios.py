@@ -76,7 +76,7 @@ def keep_workers(svc: Service, n: int = 2) -> None:
         svc.start_worker(wait=False)
 
 
-R1_TRAINING = {"max_steps": 300, "save_steps": 10}  # ~10 s of training: time to catch it mid-way
+R1_TRAINING = {"max_steps": 300, "save_steps": 10}  # 6-10 s of training: time to catch it mid-way
 
 
 def inject(svc: Service, job: Job, kind: str) -> None:
@@ -108,9 +108,14 @@ def r1_kills(svc: Service, trials: int, leases: bool, first: int = 0) -> Row:
     done = 0
     while done < trials:
         batch = [kinds[(first + i) % len(kinds)] for i in range(done, min(trials, done + len(svc.live_workers())))]
-        ids = [svc.submit(f"r1-{kind}", R1_TRAINING, resources={"max_restarts": 3}) for kind in batch]
+        ids: list[str] = []
         killed: dict[str, tuple[int, float]] = {}
-        for kind, job_id in zip(batch, ids, strict=True):
+        for kind in batch:
+            # Submitted one at a time, each once the one before was killed: a forked run trains its
+            # 300 steps in ~6 s, so a job submitted with the batch could end while the bench is still
+            # killing the one before it (and was then never caught mid-training).
+            job_id = svc.submit(f"r1-{kind}", R1_TRAINING, resources={"max_restarts": 3})
+            ids.append(job_id)
             try:
                 job = wait_for(lambda: mid_training(svc, job_id, 12), START_S, f"R1 {job_id} mid-training", 0.1)  # noqa: B023
             except TimeoutError as exc:
