@@ -164,16 +164,17 @@ def prepare_resume(job_id: str, settings: Settings, paths: RunPaths, attempt: in
     (the sweep requeued the job), even a checkpoint at the stored step is not trusted: the events of
     that step after its progress event (its loss, its evaluation) may have died in the supervisor's
     buffer. A supervisor that lived flushed everything before it requeued, so its checkpoints are.
+    Without any checkpoint the run starts over, and every point an earlier attempt logged goes.
     """
-    if newest_checkpoint(paths.output_dir) is None:
-        return False
     with session_scope(settings.database_url) as session:
-        stored = session.execute(select(Job.progress_step).where(Job.id == job_id)).scalar_one()
-        trusted = stored - 1 if supervisor_was_lost(session, job_id) else stored
-        for ahead in complete_checkpoints(paths.output_dir):
-            if read_progress(ahead).global_step > trusted:
-                log.info("job %s: %s is past the stored step %d: not resuming from it", job_id, ahead.name, stored)
-                shutil.rmtree(ahead, ignore_errors=True)
+        if newest_checkpoint(paths.output_dir) is not None:
+            stored = session.execute(select(Job.progress_step).where(Job.id == job_id)).scalar_one()
+            trusted = stored - 1 if supervisor_was_lost(session, job_id) else stored
+            for ahead in complete_checkpoints(paths.output_dir):
+                if read_progress(ahead).global_step > trusted:
+                    log.info("job %s: %s is past the stored step %d: not resuming from it", job_id, ahead.name,
+                             stored)  # fmt: skip
+                    shutil.rmtree(ahead, ignore_errors=True)
         checkpoint = newest_checkpoint(paths.output_dir)
         step = read_progress(checkpoint).global_step if checkpoint is not None else 0
         dropped = rewind_metrics(session, job_id, step, attempt)

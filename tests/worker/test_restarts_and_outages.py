@@ -7,6 +7,7 @@ database blips)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -136,6 +137,20 @@ def test_a_sweep_requeue_distrusts_the_checkpoint_at_the_stored_step(
     assert recover_orphaned_jobs(sqlite_settings) == {job_id: "queued"}
     assert drain_broker(sqlite_settings, load_job(sqlite_settings, job_id).queue) != []
     assert execute_job(job_id, sqlite_settings) == "succeeded"  # from checkpoint-2: 4 is not trusted
+    assert sorted(loss_steps(sqlite_settings, job_id)) == list(range(1, 7))  # one point per step
+
+
+@pytest.mark.slow
+def test_a_restart_from_the_start_drops_the_earlier_attempts_points(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str]
+) -> None:
+    # Found by the chaos bench's long form (R9 production, 2 of 500 jobs): an attempt killed before
+    # its first checkpoint had completed had stored steps 1..4; the next attempt started over and
+    # logged them again, because the resume only rewound when some checkpoint was left.
+    job_id = lost_at_step_4(sqlite_settings, make_job, sentiment_files, status="queued", progress_step=3)
+    for checkpoint in run_paths(job_id, sqlite_settings).output_dir.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)  # nothing to resume from: the run starts over
+    assert execute_job(job_id, sqlite_settings) == "succeeded"
     assert sorted(loss_steps(sqlite_settings, job_id)) == list(range(1, 7))  # one point per step
 
 
