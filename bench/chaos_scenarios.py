@@ -197,8 +197,9 @@ def r9_storm(svc: Service, jobs: int, kills: int, seed: int = 0) -> Row:
     the counts by status agree with each job's last status event."""
     rng = random.Random(seed)
     row = Row("R9", svc.shape, note=f"{jobs} jobs, {kills} kills; recovery = last kill to all done")
-    # Long enough (~1 s of training after a forked run's ~2 s start) for the kills to find runs.
-    ids = [svc.submit(f"r9-{i}", {"max_steps": 20, "save_steps": 4}, resources={"max_restarts": 20})
+    # Long enough (~3 s of training after a forked run's ~1-2 s start) for the kills to find runs: at
+    # 20 steps, 4 jobs on two workers were all done 3 s in, before the storm's second kill.
+    ids = [svc.submit(f"r9-{i}", {"max_steps": 100, "save_steps": 10}, resources={"max_restarts": 20})
            for i in range(jobs)]  # fmt: skip
     last_kill = time.monotonic()
     done = 0
