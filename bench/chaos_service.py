@@ -31,7 +31,7 @@ from service_core.db import Base
 from service_core.db.session import get_engine
 from service_core.settings import Settings
 from worker.processes import stop_processes
-from worker.procfs import is_alive, processes_mentioning
+from worker.procfs import all_processes, processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -57,11 +57,11 @@ def processes_of(home: Path) -> list[int]:
     """Live processes whose environment names ``home`` as TRAINJOBS_HOME: API, workers, slots, runs."""
     needle = f"TRAINJOBS_HOME={home}\0".encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid() and is_alive(int(entry)):
+    for proc in all_processes():
+        if proc.pid != os.getpid() and proc.alive:
             try:
-                if needle in Path(f"/proc/{entry}/environ").read_bytes():
-                    found.append(int(entry))
+                if needle in Path(f"/proc/{proc.pid}/environ").read_bytes():
+                    found.append(proc.pid)
             except OSError:
                 continue
     return found

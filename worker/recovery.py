@@ -29,6 +29,7 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import newest_checkpoint
 from worker.paths import run_paths, worker_name
+from worker.procfs import cmdline
 from worker.restarts import max_restarts, restarts_used
 
 log = logging.getLogger(__name__)
@@ -56,11 +57,7 @@ def kill_leftover_run(pid_file: Path) -> None:
         pid = int(pid_file.read_text(encoding="utf-8").strip())
     except (OSError, ValueError):
         return
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        cmdline = b""
-    if b"trainjobs" in cmdline:  # the pid was not reused by something else
+    if b"trainjobs" in cmdline(pid):  # the pid was not reused by something else
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     pid_file.unlink(missing_ok=True)
