@@ -136,10 +136,18 @@ class EventIngestor:
         if not self.pending and held is None:
             return 0
         batch = list(self.pending)
+        writing = False
+        landed = 0
         try:
             with self.session_factory() as session:
-                unsure = batch[: self.unsure]
-                self._write(session, batch[len(unsure) :] if unsure and self._landed(session, unsure) else batch)
+                if self.unsure and self._landed(session, batch[: self.unsure]):
+                    # Committed after all: drop it now, so that a failure below cannot write it twice.
+                    landed = self.unsure
+                    del self.pending[:landed]
+                    batch = batch[landed:]
+                self.unsure = 0
+                writing = True
+                self._write(session, batch)
                 if held is not None:
                     # Not stored as a row yet (throttled), but the job's fields follow it already.
                     self._update_job(session, self._progress_fields(held))
@@ -149,13 +157,16 @@ class EventIngestor:
             fenced_out(self.job_id, self.attempt, str(exc))
             raise
         except BaseException:
-            # The connection may have died after the server committed: the next try looks first.
-            self.unsure = len(batch)
+            # The connection may have died after the server committed: the next try looks first. A
+            # failure before this try wrote anything (the check itself failed) leaves the earlier
+            # uncertain prefix as it was: widening it to the whole buffer would make the next check
+            # miss a batch that did land, and store it twice (a database outage showed one loss twice).
+            if writing:
+                self.unsure = len(batch)
             raise
-        self.unsure = 0
         # Only now: a failed write (the database away) keeps the batch for the next try, in order.
         del self.pending[: len(batch)]
-        return len(batch)
+        return landed + len(batch)
 
     def _landed(self, session: Session, batch: list[Event]) -> bool:
         """Whether ``batch`` is already stored: a write that failed at COMMIT may have committed.

@@ -184,3 +184,38 @@ def test_a_write_that_committed_before_its_connection_died_is_not_stored_twice(
     ingestor.pending.pop()
     assert ingestor.flush() == 1
     assert [p.step for p in stored(db_settings, job_id)[1]] == [1, 2, 3, 4]
+
+
+def test_a_committed_batch_is_not_stored_twice_when_the_next_try_fails_before_it_looks(
+    db_settings: Settings, make_job: JobFactory
+) -> None:
+    """The batch committed but its answer was lost; the next try could not even connect (the outage
+    goes on) while more events came in. The try after that must still find the first batch stored
+    and write only what came after it (a run through a database outage stored loss step 19 twice)."""
+    job_id = make_job(db_settings, {"name": "commit-lost-then-down"})
+    real = session_factory(db_settings)
+    fault = {"mode": ""}
+
+    @contextmanager
+    def factory() -> Iterator[Session]:
+        if fault["mode"] == "down":  # nothing reaches the server: not even the check runs
+            raise OperationalError("connect", {}, ConnectionRefusedError("connection refused"))
+        with real() as session:
+            yield session
+        if fault["mode"] == "lost-answer":
+            raise OperationalError("COMMIT", {}, ConnectionError("server closed the connection"))
+
+    ingestor = EventIngestor(job_id, factory, progress_rows_per_s=0)
+    ingestor.add(make_event("metric", step=1, values={"loss": 1.0}))
+    fault["mode"] = "lost-answer"
+    with pytest.raises(OperationalError):
+        ingestor.flush()
+    fault["mode"] = "down"
+    for step in (2, 3):
+        ingestor.add(make_event("metric", step=step, values={"loss": 1.0 / step}))
+        with pytest.raises(OperationalError):
+            ingestor.flush()
+    fault["mode"] = ""
+    assert ingestor.flush() == 3  # step 1 found stored, steps 2 and 3 written
+    assert [p.step for p in stored(db_settings, job_id)[1]] == [1, 2, 3]
+    assert ingestor.pending == [] and ingestor.unsure == 0
