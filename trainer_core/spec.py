@@ -104,7 +104,11 @@ class PreprocessingSpec(StrictModel):
         default=None, gt=0, description="Audio rate; default is the feature extractor's own."
     )
     group_by_length: bool = Field(
-        default=True, description="Batch inputs of similar length together (less padding, faster)."
+        default=True,
+        description=(
+            "Batch inputs of similar length together (less padding, faster): sorted by length in pools "
+            "of 50 optimizer steps, the steps of each pool shuffled, the longest input first."
+        ),
     )
     train_on_prompt: bool = Field(
         default=False, description="causal-lm: count prompt / user tokens in the loss too (default: completions only)."

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
 import pytest
+import torch
+from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from tests.trainer_core.runhelpers import BACKENDS, run, text_spec
-from trainer_core.backends.sampling import EpochSampler, eval_order
+from trainer_core.backends.sampling import EpochSampler, eval_order, length_grouped_order
 
 
 def padded_tokens(order: list[int], lengths: list[int], batch: int) -> int:
@@ -24,6 +27,42 @@ def test_length_grouping_pads_far_less_than_random_order() -> None:
     shuffled = list(EpochSampler(len(lengths), seed=1, group_size=16, lengths=None))
     assert sorted(grouped) == sorted(shuffled) == list(range(512))  # a permutation either way
     assert padded_tokens(grouped, lengths, 16) < 0.7 * padded_tokens(shuffled, lengths, 16)
+
+
+def review_like_lengths(n: int) -> list[int]:
+    """Token counts like bench_training's reviews: log-normal, median ~25, a long tail to 256."""
+    rng = random.Random(0)
+    return [max(5, min(256, round(rng.lognormvariate(math.log(25), 1.0)))) for _ in range(n)]
+
+
+def test_a_small_data_set_is_grouped_as_tightly_as_sorting_it_whole() -> None:
+    """Trainer's recipe sorts a quarter of a small set at a time; we sort up to 50 steps' worth."""
+    lengths = review_like_lengths(640)
+    grouped = list(EpochSampler(len(lengths), seed=1, group_size=16, lengths=lengths))
+    assert sorted(grouped) == list(range(640))
+    whole = sorted(range(640), key=lambda i: -lengths[i])
+    trainers = get_length_grouped_indices(lengths, 16, generator=torch.Generator().manual_seed(1))
+    assert padded_tokens(grouped, lengths, 16) <= 1.02 * padded_tokens(whole, lengths, 16)
+    assert padded_tokens(grouped, lengths, 16) < 0.9 * padded_tokens(trainers, lengths, 16)
+
+
+def test_the_longest_input_goes_first_and_steps_do_not_walk_down_in_length() -> None:
+    lengths = review_like_lengths(640)
+    order = list(EpochSampler(len(lengths), seed=2, group_size=16, lengths=lengths))
+    assert lengths[order[0]] == max(lengths)  # a run too big for memory fails at its first step
+    maxima = [max(lengths[i] for i in order[k:k + 16]) for k in range(16, 640, 16)]
+    assert maxima != sorted(maxima, reverse=True)  # the groups were shuffled, not left sorted
+
+
+def test_a_partial_group_stays_last() -> None:
+    """995 = 124 x 8 + 3: mega-batches of 400, 400 and 195; the 3 shortest of the last one trail."""
+    lengths = review_like_lengths(995)
+    order = length_grouped_order(lengths, 8, torch.Generator().manual_seed(0))
+    assert sorted(order) == list(range(995))
+    last_mega = set(order[-195:]) | {order[0]}  # order[0] may have swapped with one of them
+    fourth_shortest = sorted(lengths[i] for i in last_mega)[3]
+    assert all(lengths[i] <= fourth_shortest for i in order[-3:])
+    assert length_grouped_order([], 8, torch.Generator()) == []
 
 
 def test_order_depends_only_on_seed_and_epoch() -> None:
