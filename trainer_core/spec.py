@@ -107,7 +107,7 @@ class PreprocessingSpec(StrictModel):
         default=True,
         description=(
             "Batch inputs of similar length together (less padding, faster): sorted by length in pools "
-            "of 50 optimizer steps, the steps of each pool shuffled, the longest input first."
+            "of many optimizer steps, the steps of each pool shuffled, the longest input first."
         ),
     )
     train_on_prompt: bool = Field(

@@ -11,6 +11,7 @@ import torch
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from tests.trainer_core.runhelpers import BACKENDS, run, text_spec
+from trainer_core.backends import sampling
 from trainer_core.backends.sampling import EpochSampler, eval_order, length_grouped_order
 
 
@@ -63,6 +64,20 @@ def test_a_partial_group_stays_last() -> None:
     fourth_shortest = sorted(lengths[i] for i in last_mega)[3]
     assert all(lengths[i] <= fourth_shortest for i in order[-3:])
     assert length_grouped_order([], 8, torch.Generator()) == []
+
+
+def test_the_longest_input_goes_first_when_only_a_short_last_group_holds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Group 4, mega-batches of 8: the 2 inputs left over form a short last group. For the seeds
+    that leave the longest input among them, it is swapped in alone (moving the group would break
+    the grouping)."""
+    monkeypatch.setattr(sampling, "MEGA_BATCH_STEPS", 2)
+    lengths = [5] * 8 + [99, 1]
+    for seed in range(10):
+        order = length_grouped_order(lengths, 4, torch.Generator().manual_seed(seed))
+        assert sorted(order) == list(range(10))
+        assert lengths[order[0]] == 99
 
 
 def test_order_depends_only_on_seed_and_epoch() -> None:

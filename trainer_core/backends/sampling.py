@@ -60,13 +60,14 @@ def length_grouped_order(lengths: list[int], group_size: int, generator: torch.G
             groups.append(chunk[len(chunk) - len(chunk) % group_size :])
     if not groups:
         return []
-    longest = max(range(len(groups)), key=lambda g: max(lengths[i] for i in groups[g]))
+    # Each group is a slice of a descending sort: its first input is its longest.
+    longest = max(range(len(groups)), key=lambda g: lengths[groups[g][0]])
     in_short_last = len(groups[longest]) != group_size
     if not in_short_last:  # the whole group: swapping one input in would pad group 0 to it
         groups[0], groups[longest] = groups[longest], groups[0]
     order = [i for group in groups for i in group]
     if in_short_last:  # moving that group would break the grouping: swap just the input in
-        at = max(range(len(order)), key=lambda k: lengths[order[k]])
+        at = len(order) - len(groups[longest])
         order[0], order[at] = order[at], order[0]
     return order
 
