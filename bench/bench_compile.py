@@ -4,8 +4,9 @@
         [--out FILE]
 
 Trains the packaged pretrained MiniLM on ``bench_training.py``'s review text (same data, batch,
-learning rate, ``max_length`` 256, fp32) with the batches trainjobs builds (``length_grouped_order``),
-four ways, each from the same initial weights and in the same order:
+learning rate, ``max_length`` 256, fp32) with the batches trainjobs builds (``length_grouped_order``) and
+its AdamW (``build_optimizer``: the fused kernel on the CPU), four ways, each from the same initial
+weights and in the same order:
 
 - ``eager``: pad each batch to its longest input (what both backends do today);
 - ``eager-bucketed``: pad to a multiple of ``--bucket`` tokens, so shapes repeat (the padding cost alone);
@@ -52,6 +53,7 @@ import torch
 from bench_training import minilm_path, write_data
 
 from trainer_core.backends.sampling import length_grouped_order
+from trainer_core.optimizers import OptimizerSpec, build_optimizer
 
 VARIANTS = ("eager", "eager-bucketed", "compiled-bucketed", "compiled-dynamic")
 # The first step starts from the same weights and batch: fp32 kernels that reorder sums (or pad more,
@@ -108,7 +110,8 @@ def train(variant: str, model_path: str, epoch: list[dict[str, Any]], args: argp
         model_path, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    # trainjobs' own AdamW (its optimizer table: the fused kernel on the CPU), so the step is the backends'.
+    optimizer = build_optimizer(model, OptimizerSpec(), args.lr, weight_decay=0.0)
     step_fn = model
     if variant.startswith("compiled"):
         step_fn = torch.compile(model, dynamic=variant == "compiled-dynamic")
