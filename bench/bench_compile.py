@@ -4,9 +4,9 @@
         [--out FILE]
 
 Trains the packaged pretrained MiniLM on ``bench_training.py``'s review text (same data, batch,
-learning rate, ``max_length`` 256, fp32) with the batches trainjobs builds (``length_grouped_order``) and
-its AdamW (``build_optimizer``: the fused kernel on the CPU), four ways, each from the same initial
-weights and in the same order:
+learning rate, ``max_length`` 256, fp32) with the batches trainjobs builds (``length_grouped_order``,
+``TextCollator``) and its AdamW (``build_optimizer``: the fused kernel on the CPU), four ways, each from
+the same initial weights and in the same order:
 
 - ``eager``: pad each batch to its longest input (what both backends do today);
 - ``eager-bucketed``: pad to a multiple of ``--bucket`` tokens, so shapes repeat (the padding cost alone);
@@ -20,9 +20,8 @@ state), the number of steps that compiled (dynamo or inductor built a graph) and
 beyond eager's; padded tokens per step; the loss difference from ``eager`` at the first step (same
 weights, same batch: compiled kernels must compute the same loss) and the largest over the run; and
 the steps a run would need before compiling pays for itself. Dropout is off in every variant, so the
-losses compare. Verdict line: compiling is worth
-offering as ``efficiency.compile`` only if a compiled variant beats ``eager`` over the whole run (PASS);
-otherwise MISS, and trainjobs does not offer it.
+losses compare. Verdict line: compiling is worth offering as ``efficiency.compile`` only if a compiled
+variant beats ``eager`` over the whole run (PASS); otherwise MISS, and trainjobs does not offer it.
 
 Inductor's on-disk caches are pointed at a fresh directory, so every compiled variant compiles cold,
 as a user's first job on a new worker does.
@@ -53,6 +52,7 @@ import torch
 from bench_training import minilm_path, write_data
 
 from trainer_core.backends.sampling import length_grouped_order
+from trainer_core.data.text import TextCollator
 from trainer_core.optimizers import OptimizerSpec, build_optimizer
 
 VARIANTS = ("eager", "eager-bucketed", "compiled-bucketed", "compiled-dynamic")
@@ -61,33 +61,21 @@ VARIANTS = ("eager", "eager-bucketed", "compiled-bucketed", "compiled-dynamic")
 FIRST_LOSS_ATOL = 1e-4
 
 
-def batches(model_path: str, files: dict[str, str], args: argparse.Namespace) -> list[dict[str, list[list[int]]]]:
-    """The epoch's batches as unpadded token ids and labels, in trainjobs' length-grouped order."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+def batches(tokenizer: Any, files: dict[str, str], args: argparse.Namespace) -> list[list[dict[str, Any]]]:
+    """The epoch's batches as unpadded features (what trainjobs' tokenization keeps, and the label), in
+    trainjobs' length-grouped order."""
     with open(files["train"], newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    encoded = tokenizer([r["text"] for r in rows], truncation=True, max_length=args.max_length)["input_ids"]
-    labels = [int(r["label"] == "positive") for r in rows]
-    out = []
+    encoded = tokenizer([r["text"] for r in rows], truncation=True, max_length=args.max_length)
+    names = [k for k in tokenizer.model_input_names if k in encoded]
+    features = [{**{k: encoded[k][i] for k in names}, "labels": int(r["label"] == "positive")}
+                for i, r in enumerate(rows)]  # fmt: skip
+    lengths = [len(f["input_ids"]) for f in features]
+    out: list[list[dict[str, Any]]] = []
     for epoch in range(args.epochs):
-        order = length_grouped_order([len(ids) for ids in encoded], args.batch, torch.Generator().manual_seed(epoch))
-        for start in range(0, len(order), args.batch):
-            chunk = order[start : start + args.batch]
-            out.append({"ids": [encoded[i] for i in chunk], "labels": [labels[i] for i in chunk]})
+        order = length_grouped_order(lengths, args.batch, torch.Generator().manual_seed(epoch))
+        out.extend([features[i] for i in order[at : at + args.batch]] for at in range(0, len(order), args.batch))
     return out
-
-
-def collate(batch: dict[str, list[list[int]]], bucket: int | None) -> dict[str, torch.Tensor]:
-    longest = max(len(ids) for ids in batch["ids"])
-    width = longest if bucket is None else math.ceil(longest / bucket) * bucket
-    ids = torch.zeros(len(batch["ids"]), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, seq in enumerate(batch["ids"]):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        mask[row, : len(seq)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor(batch["labels"])}
 
 
 def compile_events() -> int:
@@ -98,7 +86,8 @@ def compile_events() -> int:
     return counters["frames"]["total"] + inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_hit"]
 
 
-def train(variant: str, model_path: str, epoch: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+def train(variant: str, model_path: str, tokenizer: Any, epoch: list[list[dict[str, Any]]],
+          args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     """One pass over ``epoch``: each step's seconds, whether it compiled, and its loss."""
     from transformers import AutoModelForSequenceClassification
 
@@ -115,14 +104,15 @@ def train(variant: str, model_path: str, epoch: list[dict[str, Any]], args: argp
     step_fn = model
     if variant.startswith("compiled"):
         step_fn = torch.compile(model, dynamic=variant == "compiled-dynamic")
-    bucket = args.bucket if variant.endswith("bucketed") else None
+    # trainjobs' own collator: each batch padded to its longest input, or to a multiple of the bucket.
+    collate = TextCollator(tokenizer, pad_to_multiple_of=args.bucket if variant.endswith("bucketed") else None)
     times: list[float] = []
     compiled: list[bool] = []
     losses: list[float] = []
     widths: list[int] = []
     started = time.perf_counter()
     for batch in epoch:
-        inputs = collate(batch, bucket)
+        inputs = collate(batch)
         events, t0 = compile_events(), time.perf_counter()
         loss = step_fn(**inputs).loss
         loss.backward()
@@ -134,8 +124,8 @@ def train(variant: str, model_path: str, epoch: list[dict[str, Any]], args: argp
         compiled.append(compile_events() > events)
         widths.append(inputs["input_ids"].shape[1])
     wall = time.perf_counter() - started
-    samples = sum(len(b["labels"]) for b in epoch)
-    tokens = sum(w * len(b["labels"]) for w, b in zip(widths, epoch, strict=True))
+    samples = sum(len(b) for b in epoch)
+    tokens = sum(w * len(b) for w, b in zip(widths, epoch, strict=True))
     return {"variant": variant, "samples_per_s": samples / wall, "wall_s": wall, "step_s": times, "compiled": compiled,
             "widths": widths, "losses": losses, "tokens_per_step": tokens / len(epoch)}  # fmt: skip
 
@@ -173,10 +163,13 @@ def main() -> int:
     chosen = [v for v in VARIANTS if v in args.only.split(",")]
     if "eager" not in chosen:
         chosen.insert(0, "eager")  # every ratio is against it
+    from transformers import AutoTokenizer
+
     model_path = minilm_path()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     with tempfile.TemporaryDirectory() as tmp:
-        epoch = batches(model_path, write_data(Path(tmp), args.train, 1), args)
-    results = {v: train(v, model_path, epoch, args) for v in chosen}
+        epoch = batches(tokenizer, write_data(Path(tmp), args.train, 1), args)
+    results = {v: train(v, model_path, tokenizer, epoch, args) for v in chosen}
     eager = results["eager"]
     print(f"\nMiniLM-L6, {args.train} reviews x {args.epochs} epoch(s) = {len(epoch)} steps, batch {args.batch}, "
           f"max_length {args.max_length}, bucket {args.bucket}, fp32, cpu, torch {torch.__version__}, "
