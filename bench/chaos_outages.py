@@ -196,19 +196,29 @@ def _ready(port: int) -> bool:
         return False
 
 
+STALE_MESSAGE = "chaos bench: a stale worker's outcome"
+
+
 def stale_write(svc: Service, job_id: str, attempt: int) -> bool:
-    """A terminal write from attempt ``attempt`` (a stale worker); True when the job's status moved."""
+    """A terminal write from attempt ``attempt`` (a stale worker); True when it was accepted.
+
+    Accepted means a status event carrying this write's own message appeared. Comparing the job's
+    status before and after instead counted the live attempt finishing in between as the stale write's
+    doing (CI, R8 embedded: the job succeeded while the refused write ran, and the row was marked wrong).
+    """
     from worker.execute import record_outcome
     from worker.outcome import RunOutcome
 
-    before = job_facts(svc.observer_url, job_id)
-    outcome = RunOutcome(JobStatus.failed, ErrorReason.internal, "chaos bench: a stale worker's outcome")
+    def stale_events() -> int:
+        return sum(1 for data in job_facts(svc.observer_url, job_id).statuses if data.get("message") == STALE_MESSAGE)
+
+    before = stale_events()
+    outcome = RunOutcome(JobStatus.failed, ErrorReason.internal, STALE_MESSAGE)
     if "attempt" in inspect.signature(record_outcome).parameters:
         record_outcome(job_id, svc.settings, outcome, attempt=attempt)  # type: ignore[call-arg,unused-ignore]
     else:
         record_outcome(job_id, svc.settings, outcome)
-    after = job_facts(svc.observer_url, job_id)
-    return (after.status, len(after.statuses)) != (before.status, len(before.statuses))
+    return stale_events() > before
 
 
 FREEZE_TRIES = 50  # a slot writes for milliseconds at a time: one of these freezes lands between writes
