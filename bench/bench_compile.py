@@ -52,7 +52,7 @@ import torch
 from bench_training import minilm_path, write_data
 
 from trainer_core.backends.sampling import length_grouped_order
-from trainer_core.data.text import TextCollator
+from trainer_core.data.text import TextCollator, TextEncoder
 from trainer_core.optimizers import OptimizerSpec, build_optimizer
 
 VARIANTS = ("eager", "eager-bucketed", "compiled-bucketed", "compiled-dynamic")
@@ -62,15 +62,14 @@ FIRST_LOSS_ATOL = 1e-4
 
 
 def batches(tokenizer: Any, files: dict[str, str], args: argparse.Namespace) -> list[list[dict[str, Any]]]:
-    """The epoch's batches as unpadded features (what trainjobs' tokenization keeps, and the label), in
-    trainjobs' length-grouped order."""
+    """The epoch's batches as unpadded features (trainjobs' ``TextEncoder``: its input columns, the label
+    and the length the collator drops), in trainjobs' length-grouped order."""
     with open(files["train"], newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    encoded = tokenizer([r["text"] for r in rows], truncation=True, max_length=args.max_length)
-    names = [k for k in tokenizer.model_input_names if k in encoded]
-    features = [{**{k: encoded[k][i] for k in names}, "labels": int(r["label"] == "positive")}
-                for i, r in enumerate(rows)]  # fmt: skip
-    lengths = [len(f["input_ids"]) for f in features]
+    encode = TextEncoder(tokenizer, "text", None, "label", {"negative": 0, "positive": 1}, args.max_length)
+    columns = encode({name: [r[name] for r in rows] for name in ("text", "label")})
+    features = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    lengths = columns["length"]
     out: list[list[dict[str, Any]]] = []
     for epoch in range(args.epochs):
         order = length_grouped_order(lengths, args.batch, torch.Generator().manual_seed(epoch))
