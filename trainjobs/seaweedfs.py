@@ -122,8 +122,9 @@ class SeaweedFS:
                 return
             except (httpx.TransportError, OSError):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"SeaweedFS did not serve s3://{self.bucket} at {self.endpoint} "
-                                       f"within {timeout_s:.0f} s: see {self.data_dir / 'weed.log'}") from None  # fmt: skip
+                    where = f"s3://{self.bucket} at {self.endpoint}"
+                    raise RuntimeError(f"SeaweedFS did not serve {where} within {timeout_s:.0f} s: "
+                                       f"see {self.data_dir / 'weed.log'}") from None  # fmt: skip
                 time.sleep(0.3)
 
     def stop(self, timeout_s: float = 15.0) -> None:
