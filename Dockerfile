@@ -1,4 +1,5 @@
-# One image for the API, the worker and the migration job (docker-compose.yml picks the command).
+# One image for the API, the worker and the migration job (docker-compose.yml picks the command); the
+# migrations ship inside the package (service_core/migrations), so `trainjobs migrate` needs no source.
 # torch comes first and pinned, from PyTorch's CUDA wheel index, so `pip install .` never replaces it
 # with a different build. Override TORCH_INDEX for another CUDA version (e.g. .../whl/cu126).
 FROM python:3.11-slim
@@ -19,14 +20,14 @@ RUN apt-get update \
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md ./
 COPY trainer_core ./trainer_core
 COPY service_core ./service_core
 COPY api ./api
 COPY worker ./worker
 COPY trainjobs ./trainjobs
-COPY migrations ./migrations
-RUN pip install ".[all]" && python -c "import torch, trainjobs.cli; print('torch', torch.__version__, torch.version.cuda)"
+RUN pip install ".[all]" && python -c "import torch, trainjobs.cli; print('torch', torch.__version__, torch.version.cuda)" \
+    && cd / && rm -rf /app/*
 
 RUN useradd --create-home --uid 1000 trainjobs && mkdir -p /data && chown trainjobs /data
 USER trainjobs

@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(BIN)/trainjobs dev --example
 
 lint: $(STAMP)
-	$(BIN)/ruff check trainer_core service_core api worker trainjobs tests bench migrations
+	$(BIN)/ruff check trainer_core service_core api worker trainjobs tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -31,7 +31,7 @@ from service_core.keys import Caller
 from service_core.settings import Settings
 from trainer_core.spec import FieldError
 
-# enqueue(job_id, queue, priority, settings): the worker's `enqueue_job` signature.
+# enqueue(job_id, queue, priority, settings): the signature of service_core.queue.enqueue_job.
 Enqueuer = Callable[[str, str, int, Settings], None]
 
 
@@ -80,7 +80,7 @@ async def get_artifact_store(request: Request) -> ArtifactStore:
 
 
 async def get_enqueuer(request: Request) -> Enqueuer:
-    """The worker's ``enqueue_job``, imported on first use so the API starts without loading Celery.
+    """``service_core.queue.enqueue_job``, imported on first use so the API starts without loading Celery.
 
     The app's warm-up thread has normally imported it already, so the import here costs nothing.
     """

@@ -7,7 +7,9 @@ rule here: the part of a path before its first pattern character (its literal fo
 with ``realpath``; a pattern or a folder read is allowed only when that folder cannot contain other
 owners' uploads, and every file the pattern matches now is resolved and checked too (links).
 Braces and percent-encoded characters are refused outright in local paths: no loader needs them,
-and a checker that guessed their meaning wrong would be a hole.
+and a checker that guessed their meaning wrong would be a hole. On an object-store data root the same
+rules hold (:func:`store_problem`), with the pattern expanded by the store's fsspec glob; objects
+have no links, so the literal folder alone decides.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 GLOB_CHARS = frozenset("*?[]")
@@ -111,4 +114,25 @@ def _links_problem(folder: str, roots: Roots) -> str | None:
             # os.walk does not descend into linked folders: check where each link leads instead.
             if os.path.islink(path) and (problem := roots.tree_readable(os.path.realpath(path))):
                 return f"{path} is a link that {problem}" if problem.startswith("resolves") else problem
+    return None
+
+
+def store_problem(url: str, roots: Roots, fs: AbstractFileSystem, *, tree: bool) -> str | None:
+    """Why a ``url`` (maybe a pattern) under an object-store data root must not be read by this caller,
+    or None; ``roots`` hold URLs (an object store has no links to resolve)."""
+    if _REFUSED.search(url.split("://", 1)[-1]):
+        return "braces, `::` and percent-encoded characters are not allowed in data paths"
+    base, pattern = literal_base(url)
+    if pattern or tree or fs.isdir(base):
+        problem = roots.tree_readable(base)
+    else:
+        problem = roots.readable(base)
+    if problem is not None or not pattern:
+        return problem
+    try:
+        matches = fs.glob(url)
+    except (ValueError, OSError) as exc:  # fsspec refuses e.g. `a**b`; the loader would fail too
+        return f"not a valid pattern: {exc}"
+    if len(matches) > MAX_MATCHES:
+        return f"the pattern matches more than {MAX_MATCHES} files"
     return None

@@ -59,8 +59,9 @@ API_THREADS = 4
 # Uploads copy, hash and unpack for as long as the file takes: threads of their own, so a few large
 # uploads never hold the threads every other route needs (api/routes/datasets.py).
 UPLOAD_THREADS = 2
-# Event-stream polls: threads of their own, so many open streams never queue in front of the
-# requests every other route serves (api/routes/events.py).
+# Event-stream reads (a woken stream's new rows, the last_seq watcher's query): threads of their own,
+# so many open streams never queue in front of the requests every other route serves
+# (api/routes/events.py, api/event_listeners.py).
 STREAM_THREADS = 2
 # /readyz checks the database and the broker on a thread of its own: it answers while all else is busy.
 READY_THREADS = 1

@@ -64,13 +64,17 @@ _PASSED = PassedReports()
 
 
 def run_preflight(
-    spec: JobSpec, warmed_up: threading.Event | None = None, timeout_s: float = PREFLIGHT_TIMEOUT_S
+    spec: JobSpec,
+    warmed_up: threading.Event | None = None,
+    timeout_s: float = PREFLIGHT_TIMEOUT_S,
+    store_root: str | None = None,
 ) -> dict[str, Any]:
     """The preflight report as a dict; a 422 (SpecError) when a check fails, a 503 past the deadline.
 
     ``warmed_up`` is the app's warm-up event: importing datasets and transformers here while the
     warm-up thread is still importing them can meet a half-initialised module (an ImportError, a 500),
     so wait for it first, and answer 503 (retry later) rather than import alongside it.
+    ``store_root``: the object-store data root, whose data preflight reads (api/paths.store_root).
     """
     if warmed_up is not None and not warmed_up.wait(WARM_UP_WAIT_S):
         raise Problem(
@@ -81,11 +85,11 @@ def run_preflight(
         )
     from trainer_core.preflight import preflight, preflight_key
 
-    key = preflight_key(spec)  # before the checks: a file changed meanwhile only misses next time
+    key = preflight_key(spec, store_root)  # before the checks: a file changed meanwhile only misses next time
     remembered = _PASSED.get(key)
     if remembered is not None:
         return remembered
-    future = _POOL.submit(preflight, spec)
+    future = _POOL.submit(preflight, spec, store_root)
     try:
         report = future.result(timeout=timeout_s).as_dict()
     except FutureTimeout as exc:

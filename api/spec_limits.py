@@ -7,6 +7,8 @@
 
 The total size is bounded before parsing by the body limit (``TRAINJOBS_MAX_JSON_KB``). The walk is
 iterative, so a deep document cannot exhaust the stack of the check meant to refuse it.
+
+- ``resources.max_runtime_minutes`` at most ``TRAINJOBS_MAX_JOB_HOURS`` (:func:`runtime_limited`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.problems import validation_problem
-from trainer_core.spec import FieldError
+from trainer_core.spec import FieldError, JobSpec, SpecError
 
 MAX_DEPTH = 32
 
@@ -53,3 +55,21 @@ def check_document(doc: Any, prefix: str = "") -> Any:
     if errors:
         raise validation_problem(errors, title="Invalid job spec")
     return doc
+
+
+def runtime_limited(spec: JobSpec, max_job_hours: float) -> JobSpec:
+    """``spec`` with a run time limit of at most ``max_job_hours`` (``TRAINJOBS_MAX_JOB_HOURS``).
+
+    A longer ``resources.max_runtime_minutes`` is a 422 naming it; a spec without one gets the ceiling
+    as its limit, stored with the job. So no run outlives the broker's visibility timeout (the ceiling
+    plus an hour), after which the broker would deliver the job again while it still runs.
+    """
+    ceiling = max_job_hours * 60
+    given = spec.resources.max_runtime_minutes
+    if given is None:
+        resources = spec.resources.model_copy(update={"max_runtime_minutes": ceiling})
+        return spec.model_copy(update={"resources": resources})
+    if given > ceiling:
+        message = f"at most {ceiling:g} minutes on this service (TRAINJOBS_MAX_JOB_HOURS={max_job_hours:g})"
+        raise SpecError([FieldError("resources.max_runtime_minutes", message, "less_than_equal")])
+    return spec

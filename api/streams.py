@@ -1,7 +1,8 @@
 """Slots for long-lived responses (event streams): a cap per owner and per API process.
 
 A stream costs no thread and no database connection while it waits (api/routes/events.py), but
-each one polls; without a cap a single owner could open thousands and slow every poll. The count
+each one it wakes reads the database (api/event_feed.py); without a cap a single owner could open
+thousands and slow every stream's reads, and the one query that watches their jobs. The count
 is per API process (``trainjobs serve --workers N`` allows N times as many), kept on the event
 loop thread only, so it needs no lock.
 """

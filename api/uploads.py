@@ -4,7 +4,8 @@ The upload is copied in chunks while it is hashed and measured, so a file over t
 the limit (413). Zips are unpacked member by member into the dataset's own folder: absolute names,
 ``..``, links and members that inflate past the limit are refused (zip slip, zip bombs).
 Layout: ``<data root>/uploads/<owner>/<dataset id>/<file>``, or ``.../<dataset id>/data/`` for a
-folder; jobs may name only their owner's uploads (api/paths.py).
+folder; jobs may name only their owner's uploads (api/paths.py). On an object-store data root the
+upload is checked and unpacked in a local staging folder first, then copied to the same layout there.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import posixpath
 import re
 import shutil
 import stat
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import Problem, problem_response, validation_problem
+from service_core.datastore import DataStore
 from trainer_core.spec import FieldError
 
 UPLOADS_DIR = "uploads"
@@ -47,8 +50,9 @@ class StoredUpload:
     storage_path: str  # relative to the data root
 
 
-def dataset_dir(data_root: Path, owner: str, dataset_id: str) -> Path:
-    return data_root / UPLOADS_DIR / owner / dataset_id
+def dataset_prefix(owner: str, dataset_id: str) -> str:
+    """An upload's folder, relative to the data root."""
+    return f"{UPLOADS_DIR}/{owner}/{dataset_id}"
 
 
 def too_large(limit_bytes: int) -> Problem:
@@ -154,6 +158,26 @@ def store_upload(src: BinaryIO, filename: str, dataset_dir: Path, data_root: Pat
     except BaseException:
         shutil.rmtree(dataset_dir, ignore_errors=True)
         raise
+
+
+def save_upload(
+    src: BinaryIO, filename: str, store: DataStore, prefix: str, limit_bytes: int, staging: Path
+) -> StoredUpload:
+    """:func:`store_upload` into the data root at ``prefix``: in place on a local root; on a store, through
+    a temporary folder under ``staging``. A store that does not take it is a 503, leaving nothing there."""
+    if store.is_local:
+        root = Path(store.root)
+        return store_upload(src, filename, root / prefix, root, limit_bytes)
+    staging.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=staging, prefix="upload-") as tmp:
+        stored = store_upload(src, filename, Path(tmp) / prefix, Path(tmp), limit_bytes)
+        try:
+            store.put_folder(Path(tmp) / prefix, prefix)
+        except Exception as exc:  # any client error of the store (network, permissions, quota)
+            store.remove(prefix)
+            raise Problem(503, f"the data store did not take the upload ({type(exc).__name__}); nothing was "
+                          "stored, upload again later", headers={"Retry-After": "5"}) from exc  # fmt: skip
+    return stored
 
 
 class BodyTooLarge(HTTPException):

@@ -60,6 +60,7 @@ from service_core.db.session import make_engine
 from service_core.keys import create_api_key
 from service_core.settings import Settings
 from service_core.status import JobStatus
+from trainjobs.sse import iter_events
 from worker.processes import stop_processes
 from worker.procfs import processes_mentioning
 
@@ -354,16 +355,12 @@ def measure_sse(service: Service, files: dict[str, str]) -> tuple[list[float], s
         job_id = created.json()["id"]
         deadline = time.monotonic() + 150
         with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
-            kind = ""
-            for line in response.iter_lines():
+            for event in iter_events(response):
                 received = datetime.now(UTC)
-                if line.startswith("event:"):
-                    kind = line.partition(":")[2].strip()
-                elif line.startswith("data:") and kind == "metric":
-                    data = json.loads(line[5:])
-                    delays.append((received - parse_time(data["time"])).total_seconds())
-                elif line.startswith("data:") and kind == "status":
-                    status = json.loads(line[5:])["status"]
+                if event.event == "metric":
+                    delays.append((received - parse_time(event.data["time"])).total_seconds())
+                elif event.event == "status":
+                    status = event.data["status"]
                 if time.monotonic() > deadline:
                     raise TimeoutError("the SSE job did not finish in 150 s")
     return delays, status

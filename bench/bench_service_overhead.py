@@ -48,6 +48,7 @@ from bench_api import Service, free_port, running_service, service_env, wait_unt
 
 from service_core.settings import Settings
 from trainjobs.launcher import write_example
+from trainjobs.sse import iter_events
 from worker.processes import stop_processes
 from worker.procfs import processes_mentioning
 
@@ -99,12 +100,8 @@ def run_through(service: Service, spec: dict[str, Any]) -> dict[str, float]:
         assert created.status_code == 201, created.text
         job_id = created.json()["id"]
         with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
-            kind = ""
-            for line in response.iter_lines():
-                if line.startswith("event:"):
-                    kind = line.partition(":")[2].strip()
-                elif line.startswith("data:"):
-                    events.append({"kind": kind, "seen": time.time(), **json.loads(line[5:])})
+            for event in iter_events(response):
+                events.append({"kind": event.event, "seen": time.time(), **event.data})
         seen = time.time()
         job = client.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "succeeded", job

@@ -10,11 +10,15 @@ from types import TracebackType
 
 
 class TcpProxy:
-    """Forwards ``127.0.0.1:port`` to ``target``. :meth:`cut` closes the listener and every open
-    connection (peers see resets and refusals); :meth:`restore` listens again on the same port."""
+    """Forwards ``host:port`` to ``target``. :meth:`cut` closes the listener and every open
+    connection (peers see resets and refusals); :meth:`restore` listens again on the same port.
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    ``host`` is 127.0.0.1, or a bridge address that makes a local server reachable from network
+    namespaces (tests/fleet/)."""
+
+    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
         self.target = target
+        self.host = host
         self.port = 0
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -30,7 +34,7 @@ class TcpProxy:
     def restore(self) -> None:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.host, self.port))
         listener.listen(64)
         self.port = listener.getsockname()[1]
         self._listener = listener

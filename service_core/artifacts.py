@@ -49,6 +49,7 @@ class ArtifactStore:
     def list(self, job_id: str) -> list[dict[str, Any]]:
         """Files of a job: ``path`` (relative) and ``size`` in bytes, sorted by path."""
         base = self.job_dir(job_id)
+        self.fs.invalidate_cache(base)  # other machines write here: never answer from an old listing
         if not self.fs.exists(base):
             return []
         out = []
@@ -58,6 +59,7 @@ class ArtifactStore:
         return out
 
     def exists(self, job_id: str, path: str) -> bool:
+        self.fs.invalidate_cache(self.job_dir(job_id))
         return bool(self.fs.isfile(f"{self.job_dir(job_id)}/{clean_relative_path(path)}"))
 
     def open(self, job_id: str, path: str) -> IO[bytes]:

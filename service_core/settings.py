@@ -29,13 +29,16 @@ class Settings(BaseSettings):
     database_url_: str | None = Field(default=None, validation_alias="DATABASE_URL")
     broker_url_: str | None = Field(default=None, validation_alias="BROKER_URL")
     artifacts_root_: str | None = Field(default=None, validation_alias="ARTIFACTS_ROOT")
-    data_root_: Path | None = Field(default=None, validation_alias="DATA_ROOT")
+    # A local folder, or an fsspec URL (s3://bucket/prefix) read with the standard AWS variables.
+    data_root_: str | None = Field(default=None, validation_alias="DATA_ROOT")
     secret_key: str = Field(default=DEV_SECRET, validation_alias="TRAINJOBS_SECRET_KEY")
     api_key: str | None = Field(default=None, validation_alias="TRAINJOBS_API_KEY")
     max_upload_mb: int = Field(default=1024, ge=1, validation_alias="TRAINJOBS_MAX_UPLOAD_MB")
     # Every other request body (job specs, estimates): refused with 413 before it is parsed.
     max_json_kb: int = Field(default=1024, ge=1, validation_alias="TRAINJOBS_MAX_JSON_KB")
-    # The broker must not redeliver a job while it still runs: visibility > the longest allowed job.
+    # The longest a run may train: the ceiling on, and the default of, resources.max_runtime_minutes
+    # (api/spec_limits.py). The broker must not redeliver a job while it still runs: its visibility
+    # timeout is this plus an hour.
     max_job_hours: float = Field(default=72.0, gt=0, validation_alias="TRAINJOBS_MAX_JOB_HOURS")
     cancel_grace_seconds: float = Field(default=30.0, ge=0, validation_alias="TRAINJOBS_CANCEL_GRACE_SECONDS")
     default_queue: str = Field(default="default", validation_alias="TRAINJOBS_DEFAULT_QUEUE")
@@ -56,7 +59,6 @@ class Settings(BaseSettings):
     # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
     max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
     max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")
-    # When set, GET /metrics needs `Authorization: Bearer <this token>` (unset: open, keep it private).
     # Per-owner quotas (0: none). Rates are per API process; over a quota: 429 with Retry-After.
     max_queued_per_owner: int = Field(default=10_000, ge=0, validation_alias="TRAINJOBS_MAX_QUEUED_PER_OWNER")
     # Jobs of one owner running at once, all workers together (0: as many as there are slots). Enforced
@@ -64,6 +66,7 @@ class Settings(BaseSettings):
     max_running_per_owner: int = Field(default=0, ge=0, validation_alias="TRAINJOBS_MAX_RUNNING_PER_OWNER")
     submits_per_minute: int = Field(default=3000, ge=0, validation_alias="TRAINJOBS_SUBMITS_PER_MINUTE")
     uploads_per_minute: int = Field(default=60, ge=0, validation_alias="TRAINJOBS_UPLOADS_PER_MINUTE")
+    # When set, GET /metrics needs `Authorization: Bearer <this token>` (unset: open, keep it private).
     metrics_token: str | None = Field(default=None, validation_alias="TRAINJOBS_METRICS_TOKEN")
 
     @model_validator(mode="after")
@@ -71,6 +74,25 @@ class Settings(BaseSettings):
         if self.lease_renew_seconds >= self.lease_seconds:
             raise ValueError("TRAINJOBS_LEASE_RENEW_SECONDS must be shorter than TRAINJOBS_LEASE_SECONDS")
         return self
+
+    @field_validator("data_root_", mode="before")
+    @classmethod
+    def _data_root_text(cls, value: object) -> object:
+        # A Path (or a file:// URL) is a local folder; any other URL must name a known fsspec protocol.
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, str) and "://" in value:
+            protocol = value.split("://", 1)[0].lower()
+            if protocol in ("file", "local"):
+                return value.split("://", 1)[1]
+            import fsspec
+
+            try:
+                fsspec.get_filesystem_class(protocol)
+            except (ValueError, ImportError) as exc:
+                raise ValueError(f"DATA_ROOT: {exc}") from exc
+            return value.rstrip("/")
+        return value
 
     @field_validator("queue_budgets", mode="before")
     @classmethod
@@ -91,8 +113,18 @@ class Settings(BaseSettings):
         return self.artifacts_root_ or str((self.home / "artifacts").resolve())
 
     @property
+    def data_root_url(self) -> str:
+        """``DATA_ROOT`` as a location: an fsspec URL as given, or the absolute local folder."""
+        if self.data_root_ is not None and "://" in self.data_root_:
+            return self.data_root_
+        return self.data_root.as_posix()
+
+    @property
     def data_root(self) -> Path:
-        return (self.data_root_ or self.home / "data").resolve()
+        """The local data root folder; an object-store ``DATA_ROOT`` has none (use ``data_root_url``)."""
+        if self.data_root_ is not None and "://" in self.data_root_:
+            raise ValueError(f"DATA_ROOT is {self.data_root_}, not a local folder")
+        return (Path(self.data_root_) if self.data_root_ else self.home / "data").resolve()
 
     @property
     def visibility_timeout_s(self) -> int:

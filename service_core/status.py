@@ -47,11 +47,11 @@ class ErrorReason(enum.StrEnum):
     invalid_spec = "invalid_spec"  # the spec cannot run as written
     data_error = "data_error"  # data missing, unreadable, or without the columns/labels it needs
     model_error = "model_error"  # model could not load: missing files, wrong head, missing weights
-    out_of_memory = "out_of_memory"  # the device (or host) ran out of memory
-    nan_loss = "nan_loss"  # loss or gradients stopped being finite
+    out_of_memory = "out_of_memory"  # the device (or host) ran out of memory: retried smaller, then failed
+    nan_loss = "nan_loss"  # the logged loss stopped being finite (trainer_core/nan_guard.py)
     cancelled = "cancelled"  # a person cancelled it, queued or running
     shutdown_requeue = "shutdown_requeue"  # its worker shut down; it went back to the queue
-    worker_lost = "worker_lost"  # its worker or run process died and it could not resume
+    worker_lost = "worker_lost"  # its worker or run process died: requeued while restarts last, else failed
     timeout = "timeout"  # it ran past resources.max_runtime_minutes
     internal = "internal"  # anything else: a bug or an unexpected crash (the log has the traceback)
 

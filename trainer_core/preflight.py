@@ -6,12 +6,15 @@ the image and audio decoders), so a spec that passes here fails later only for w
 show. Models, tokenizers and processors are located (local folder, hub cache, or, when online, the
 hub with one short request) and their config is checked against the task's model class.
 
+Data on the service's own object store (``store_root``, an object-store ``DATA_ROOT``) is read there,
+a head at a time, like local data; other remote data (http, hub, other buckets) is left to the run.
+Model folders must be local: the API hands preflight its cached copy of one on the store.
+
 Every problem found is collected and raised as one :class:`PreflightError` naming each field.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -20,10 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
 from datasets import Dataset, DatasetDict
 
 from trainer_core.data.loading import build_label_mapping, check_columns, select_splits
-from trainer_core.data.peek import FOLDER_EXTENSIONS, SplitHead, peek_splits
+from trainer_core.data.peek import FOLDER_EXTENSIONS, SplitHead, data_locations, peek_splits
 from trainer_core.lm_preflight import lm_errors
 from trainer_core.locate import check_model_sources
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
@@ -57,15 +61,16 @@ class PreflightError(SpecError):
         super().__init__(errors)
 
 
-def preflight(spec: JobSpec) -> PreflightReport:
+def preflight(spec: JobSpec, store_root: str | None = None) -> PreflightReport:
     """Check ``spec``'s data and model without training; raises :class:`PreflightError` on any problem.
 
-    Locations must already be final (absolute, or relative to the working directory).
+    Locations must already be final (absolute, or relative to the working directory). Data URLs under
+    ``store_root`` are read from the store; other remote data is not read.
     """
     report = PreflightReport()
     errors: list[FieldError] = []
     try:
-        _check_data(spec, report)
+        _check_data(spec, report, store_root)
     except SpecError as exc:
         errors.extend(exc.errors)
     errors.extend(check_model_sources(spec, report.model, report.checks))
@@ -85,18 +90,36 @@ def _file_stamp(path: Path) -> tuple[str, int, int, int]:
     return str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino
 
 
-def _data_stamps(spec: JobSpec) -> tuple[Hashable, ...] | None:
-    """Stat of every local file preflight reads for the data; None when a stat cannot tell (patterns, folders)."""
+def _object_stamp(url: str) -> tuple[str, int, str]:
+    """An object's size and ETag (its content's version), read fresh from the store."""
+    fs, path = fsspec.core.url_to_fs(url, use_listings_cache=False)
+    info = fs.info(path)
+    return url, int(info.get("size") or 0), str(info.get("ETag") or info.get("LastModified") or "")
+
+
+def on_store(location: str, store_root: str | None) -> bool:
+    """Whether ``location`` is a URL under the object-store root ``store_root``."""
+    if store_root is None or "://" not in store_root:
+        return False
+    return location == store_root or location.startswith(store_root.rstrip("/") + "/")
+
+
+def _left_to_run(spec: JobSpec, store_root: str | None) -> bool:
+    """Whether the data is remote beyond the service's own store (read by the run only)."""
+    return any("://" in p and not on_store(p, store_root) for p in data_locations(spec))
+
+
+def _data_stamps(spec: JobSpec, store_root: str | None) -> tuple[Hashable, ...] | None:
+    """Stat of every file preflight reads for the data; None when a stat cannot tell (patterns, folders)."""
     ds = spec.dataset
-    if ds.path not in BUILTIN_DATASET_BUILDERS or "://" in json.dumps([ds.data_files, ds.data_dir]):
+    if ds.path not in BUILTIN_DATASET_BUILDERS or _left_to_run(spec, store_root):
         return ()  # not read before the run (see _check_data): nothing on disk to depend on
     if ds.data_dir is not None or ds.data_files is None or ds.path in FOLDER_EXTENSIONS:
         return None
-    files = ds.data_files.values() if isinstance(ds.data_files, dict) else [ds.data_files]
-    paths = [p for entry in files for p in ([entry] if isinstance(entry, str) else entry)]
+    paths = data_locations(spec)
     if any(_PATTERN_CHARS & set(p) for p in paths):
         return None
-    return tuple(_file_stamp(Path(p)) for p in paths)
+    return tuple(_object_stamp(p) if "://" in p else _file_stamp(Path(p)) for p in paths)
 
 
 def _model_stamps(spec: JobSpec) -> tuple[Hashable, ...] | None:
@@ -112,16 +135,17 @@ def _model_stamps(spec: JobSpec) -> tuple[Hashable, ...] | None:
     return tuple(stamps)
 
 
-def preflight_key(spec: JobSpec) -> Hashable | None:
+def preflight_key(spec: JobSpec, store_root: str | None = None) -> Hashable | None:
     """What :func:`preflight`'s answer for ``spec`` depends on, or None when that cannot be told cheaply.
 
     The spec parts it reads (task, dataset, model) and the size, mtime and inode of every local file
-    it would read: equal keys mean an equal answer, so a caller may reuse a passing report. A file
+    it would read (an object's size and ETag on the store ``store_root``): equal keys mean an equal
+    answer, so a caller may reuse a passing report. A file
     that changed, appeared or went away changes the key; globs, folders and hub ids give None.
     A named file that is missing gives None too (preflight itself then says which).
     """
     try:
-        data, model = _data_stamps(spec), _model_stamps(spec)
+        data, model = _data_stamps(spec, store_root), _model_stamps(spec)
     except OSError:
         return None
     if data is None or model is None:
@@ -130,12 +154,13 @@ def preflight_key(spec: JobSpec) -> Hashable | None:
     return parts, data, model, os.environ.get("HF_HUB_OFFLINE", "")
 
 
-def _check_data(spec: JobSpec, report: PreflightReport) -> None:
+def _check_data(spec: JobSpec, report: PreflightReport, store_root: str | None) -> None:
     if spec.dataset.path not in BUILTIN_DATASET_BUILDERS:
         report.notes.append(f"hub dataset {spec.dataset.path!r}: not read before the run")
         return
-    if "://" in json.dumps([spec.dataset.data_files, spec.dataset.data_dir]):
-        # Remote files (http, s3, hf...) are fetched by the run; preflight stays on this machine.
+    if _left_to_run(spec, store_root):
+        # Remote files (http, hf, other buckets) are fetched by the run; preflight reads only the
+        # service's own store, never with its credentials on a user's behalf elsewhere.
         report.notes.append("remote data files: not read before the run")
         return
     heads = peek_splits(spec)
@@ -220,6 +245,9 @@ def _check_media(spec: JobSpec, rows: Dataset, split_name: str) -> None:
         raise SpecError([FieldError(field_name, f"the {split_name} split holds no {column} files")])
     for value in rows[column][:MEDIA_SAMPLES]:
         try:
+            if isinstance(value, str) and "://" in value:  # a file of a folder on the data root's store
+                with fsspec.open(value, "rb") as handle:
+                    value = {"path": value, "bytes": handle.read()}
             to_rgb(value) if image else read_audio(value)
         except SpecError:
             raise

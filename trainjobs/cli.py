@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "train": "trainjobs.commands.train",
     "validate": "trainjobs.commands.validate",
     "estimate": "trainjobs.commands.estimate",
+    "migrate": "trainjobs.commands.service",
     "serve": "trainjobs.commands.service",
     "worker": "trainjobs.commands.service",
     "dev": "trainjobs.commands.service",
@@ -27,8 +28,8 @@ COMMANDS: dict[str, str] = {
     "gc": "trainjobs.commands.gc",
 }
 # The extra a command needs beyond `pip install trainjobs` (the remote commands need none).
-EXTRAS: dict[str, str] = {"train": "train", "estimate": "train", "serve": "server", "worker": "all", "dev": "all",
-                          "keys": "server"}  # fmt: skip
+EXTRAS: dict[str, str] = {"train": "train", "estimate": "train", "migrate": "server", "serve": "server",
+                          "worker": "all", "dev": "all", "keys": "server"}  # fmt: skip
 PROJECT_PACKAGES = frozenset({"trainer_core", "service_core", "api", "worker", "trainjobs"})
 
 

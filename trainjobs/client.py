@@ -19,14 +19,14 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import httpx
 import yaml
 from pydantic import BaseModel
 
 from service_core.status import TERMINAL_STATUSES
-from trainjobs.sse import SseEvent, parse_lines
+from trainjobs.sse import SseEvent, iter_events
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 # Aliases: inside Client, `list` is the method, so annotations name the builtin through these.
 JsonObject = dict[str, Any]
 JsonList = list[JsonObject]
+Item = TypeVar("Item")
+# What a stream's read timeout means (Client._resuming): the end, a dead connection, or a quiet job.
+Quiet = Literal["end", "drop", "ask again"]
 
 
 class TrainjobsError(Exception):
@@ -224,40 +227,69 @@ class Client:
     ) -> Iterator[SseEvent]:
         """The job's events over SSE, from after ``last_event_id``, until its terminal status.
 
-        A dropped connection (or an API restart) is resumed with ``Last-Event-ID`` after a backoff, so
-        the caller sees every event exactly once. Gives up with ConnectionFailed after ``retry_max_s``
-        without any progress. With ``idle_timeout``, stops once nothing arrived for that long (the
-        replay of what exists, without waiting for what comes).
+        A dropped connection (or an API restart) is resumed with ``Last-Event-ID`` (:meth:`_resuming`),
+        so the caller sees every event exactly once. With ``idle_timeout``, stops once nothing arrived
+        for that long (the replay of what exists, without waiting for what comes).
         """
         last = str(last_event_id) if last_event_id is not None else None
+        ended = False
+
+        def read(response: httpx.Response) -> Iterator[SseEvent]:
+            nonlocal last, ended
+            for event in iter_events(response):
+                last, ended = event.id or last, _is_terminal(event)
+                yield event
+                if ended:
+                    return
+
+        # The server sends a keep-alive every 15 s: a minute of silence is a dead connection.
+        read_timeout = STALL_TIMEOUT_S if idle_timeout is None else idle_timeout
+        quiet: Quiet = "drop" if idle_timeout is None else "end"
+        resume = lambda: {"headers": {"Last-Event-ID": last} if last is not None else {}}  # noqa: E731
+        return self._resuming(job_id, "events", resume, read, lambda: ended, read_timeout, quiet)
+
+    def _resuming(
+        self,
+        job_id: str,
+        route: str,
+        resume: Callable[[], dict[str, Any]],
+        read: Callable[[httpx.Response], Iterator[Item]],
+        ended: Callable[[], bool],
+        read_timeout: float,
+        quiet: Quiet,
+    ) -> Iterator[Item]:
+        """Items of the job's streaming ``route``, reconnecting until ``ended()`` says it is over.
+
+        ``resume()`` gives each connection's request options: the resume point that ``read`` advances,
+        so a reconnection repeats and loses nothing. After a drop (or a stream ended early) it waits
+        0.25 s, doubling up to 5 s; ``retry_max_s`` without an item gives up with ConnectionFailed.
+        ``quiet``: what ``read_timeout`` seconds of silence mean. Errors but 502/503/504 raise ApiError.
+        """
         delay, down_since = 0.25, None
         while True:
-            headers = {"Accept": "text/event-stream"}
-            if last is not None:
-                headers["Last-Event-ID"] = last
             try:
-                # The server sends a keep-alive every 15 s: a minute of silence is a dead connection.
-                timeout = httpx.Timeout(10.0, read=idle_timeout if idle_timeout is not None else STALL_TIMEOUT_S)
-                with self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as resp:
+                timeout = httpx.Timeout(10.0, read=read_timeout)
+                with self._http.stream("GET", f"/v1/jobs/{job_id}/{route}", timeout=timeout, **resume()) as resp:
                     if resp.status_code >= 400 and resp.status_code not in (502, 503, 504):
                         resp.read()
                         raise ApiError.from_response(resp)
                     if resp.status_code < 400:
-                        for event in parse_lines(resp.iter_lines()):
+                        for item in read(resp):
                             delay, down_since = 0.25, None
-                            if event.id is not None:
-                                last = event.id
-                            yield event
-                            if _is_terminal(event):
-                                return
+                            yield item
+                        if ended():
+                            return
             except httpx.ReadTimeout:
-                if idle_timeout is not None:
+                if quiet == "end":
                     return
+                if quiet == "ask again":
+                    delay, down_since = 0.25, None
+                    continue
             except httpx.TransportError as exc:
-                log.debug("event stream of %s dropped: %s", job_id, exc)
+                log.debug("%s stream of %s dropped: %s", route, job_id, exc)
             down_since = down_since or time.monotonic()
             if time.monotonic() - down_since > self.retry_max_s:
-                raise ConnectionFailed(f"lost the event stream of job {job_id} at {self.base_url}")
+                raise ConnectionFailed(f"lost the {route.removesuffix('s')} stream of job {job_id} at {self.base_url}")
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -287,41 +319,23 @@ class Client:
         A dropped connection is resumed from the last byte received (the route's offsets are bytes),
         so nothing repeats; gives up with ConnectionFailed after ``retry_max_s`` without progress.
         """
-        delay, down_since = 0.25, None
         # One decoder across reconnections: a character cut by a drop is completed by the resumed bytes.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        while True:
-            params: dict[str, Any] = {"offset": offset, "follow": "true"}
-            try:
-                timeout = httpx.Timeout(10.0, read=STALL_TIMEOUT_S)
-                with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=timeout) as resp:
-                    if resp.status_code >= 400 and resp.status_code not in (502, 503, 504):
-                        resp.read()
-                        raise ApiError.from_response(resp)
-                    if resp.status_code < 400:
-                        for chunk in resp.iter_bytes():
-                            delay, down_since = 0.25, None
-                            offset += len(chunk)
-                            text = decoder.decode(chunk)
-                            if text:
-                                yield text
-                        # The server ends the stream once the job has ended; a restarting API may end it sooner.
-                        if self.get(job_id)["status"] in TERMINAL:
-                            tail = decoder.decode(b"", final=True)
-                            if tail:
-                                yield tail
-                            return
-            except httpx.ReadTimeout:
-                # A quiet run (queued, or training without output) is not a dead service: ask again.
-                delay, down_since = 0.25, None
-                continue
-            except httpx.TransportError as exc:
-                log.debug("log stream of %s dropped: %s", job_id, exc)
-            down_since = down_since or time.monotonic()
-            if time.monotonic() - down_since > self.retry_max_s:
-                raise ConnectionFailed(f"lost the log stream of job {job_id} at {self.base_url}")
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+
+        def read(response: httpx.Response) -> Iterator[str]:
+            nonlocal offset
+            for chunk in response.iter_bytes():
+                offset += len(chunk)
+                if text := decoder.decode(chunk):
+                    yield text
+
+        resume = lambda: {"params": {"offset": offset, "follow": "true"}}  # noqa: E731
+        # The server ends the stream once the job has ended; a restarting API may end it sooner.
+        ended = lambda: self.get(job_id)["status"] in TERMINAL  # noqa: E731
+        # A quiet run (queued, or training without output) is not a dead service: ask again.
+        yield from self._resuming(job_id, "logs", resume, read, ended, STALL_TIMEOUT_S, "ask again")
+        if tail := decoder.decode(b"", final=True):
+            yield tail
 
     # artifacts
     def artifacts(self, job_id: str) -> JsonList:

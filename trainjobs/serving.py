@@ -26,7 +26,7 @@ import sys
 import time
 from types import FrameType
 
-from worker.processes import spawn_child, stop_processes
+from worker.processes import on_stop_signals, spawn_child, stop_processes
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def supervise(host: str, port: int, workers: int, *, access_log: bool = True) ->
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop_signal.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    previous = on_stop_signals(on_signal)
     command = child_command(host, port, access_log=access_log)
 
     def start() -> tuple[subprocess.Popen[bytes], float]:

@@ -1,15 +1,20 @@
-"""A Server-Sent Events frame parser (the WHATWG event-stream format, the subset the service speaks).
+"""Server-Sent Events as trainjobs reads them: httpx-sse parses the stream, this module decodes the data.
 
-Lines are fed one at a time (``httpx.Response.iter_lines`` strips the line ending); a blank line ends
-a frame. Comment lines (``:``, used as keep-alives) and unknown fields are ignored, as the spec says.
+httpx-sse applies the WHATWG event-stream rules (``id`` kept across frames, ``event`` names, multi-line
+``data`` joined with newlines, comment lines such as the service's ``: ping`` keep-alives ignored, a
+frame cut off before its blank line never dispatched). The client, the tests and the benches all read
+streams through :func:`iter_events`, so there is one parser.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import httpx
+from httpx_sse import EventSource, ServerSentEvent
 
 
 @dataclass(frozen=True)
@@ -26,50 +31,22 @@ class SseEvent:
         return int(self.id) if self.id is not None and self.id.isdigit() else None
 
 
-@dataclass
-class SseParser:
-    """Accumulates fields until a blank line, then yields the frame as an :class:`SseEvent`."""
-
-    _event: str = ""
-    _data: list[str] = field(default_factory=list)
-    _id: str | None = None
-
-    def feed(self, line: str) -> SseEvent | None:
-        """Take one line (without its line ending); return an event when the line ends a frame."""
-        if line == "":
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self._id = value
-        return None
-
-    def _dispatch(self) -> SseEvent | None:
-        if not self._data:
-            self._event = ""
-            return None
-        raw = "\n".join(self._data)
-        try:
-            data: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            data = raw
-        event = SseEvent(id=self._id, event=self._event or "message", data=data)
-        self._event, self._data = "", []
-        # The id persists across frames (spec: "last event ID buffer"), so it is not reset here.
-        return event
+def _decoded(sse: ServerSentEvent) -> SseEvent:
+    """httpx-sse's event with its data decoded: JSON when it is JSON, else the text as sent."""
+    try:
+        data: Any = json.loads(sse.data)
+    except json.JSONDecodeError:
+        data = sse.data
+    return SseEvent(id=sse.id or None, event=sse.event, data=data)
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[SseEvent]:
-    """Every complete event in ``lines``; a frame cut off without its blank line is dropped."""
-    parser = SseParser()
-    for line in lines:
-        event = parser.feed(line.rstrip("\r\n"))
-        if event is not None:
-            yield event
+def iter_events(response: httpx.Response) -> Iterator[SseEvent]:
+    """Every complete event of an open ``text/event-stream`` response, as it arrives.
+
+    A wrong content type raises ``httpx_sse.SSEError`` (an ``httpx.TransportError``). Frames without
+    ``data`` are skipped: once an id was seen, httpx-sse dispatches one for every blank line (a
+    keep-alive's), where the WHATWG rules dispatch nothing.
+    """
+    for sse in EventSource(response).iter_sse():
+        if sse.data:
+            yield _decoded(sse)

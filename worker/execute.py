@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -20,21 +19,23 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service_core.artifacts import ArtifactStore
+from service_core.datastore import FetchError, localize_spec
 from service_core.db.base import utcnow
 from service_core.db.jobstore import FencedOut, transition
-from service_core.db.models import Job, JobEvent
+from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.runs import RUN_LOG_NAME
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.checkpoint import CHECKPOINT_PREFIX, complete_checkpoints, newest_checkpoint, read_progress
+from trainer_core.checkpoint import CHECKPOINT_PREFIX
+from worker.checkpoint_sync import resume_phrase, start_uploader
 from worker.db_retry import retry_database
 from worker.lease import LeaseKeeper
 from worker.oom_retry import retry_after_oom
 from worker.outcome import RunOutcome
 from worker.paths import RunPaths, run_paths, worker_name
-from worker.recovery import LOST_WORKER_MESSAGE, requeue_or_fail
-from worker.restarts import RESTARTABLE, max_restarts, restarts_used, rewind_metrics
+from worker.recovery import requeue_or_fail
+from worker.restarts import RESTARTABLE, max_restarts, prepare_resume, restarts_used
 from worker.running_cap import hold, lock_owner_claims, resend_waiting, running_count, waiting_message
 from worker.supervisor import supervise_run
 
@@ -108,6 +109,20 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
                 log.exception("job %s: sending jobs held by the running-jobs cap failed", job_id)
 
 
+def fetch_run_data(job_id: str, settings: Settings, spec: dict[str, Any], attempt: int) -> dict[str, Any] | RunOutcome:
+    """The spec the run gets: data and models on an object-store ``DATA_ROOT`` fetched into this host's
+    cache (runs have no store credentials), or the job's failure naming the field. The lease is renewed
+    meanwhile: a first fetch of a large dataset may take longer than the lease."""
+    lease = LeaseKeeper(job_id, attempt, settings).start()
+    try:
+        return localize_spec(spec, settings)
+    except FetchError as exc:
+        log.warning("job %s: %s", job_id, exc)
+        return RunOutcome(JobStatus.failed, exc.reason, f"fetching the job's data failed: {exc}")
+    finally:
+        lease.stop()
+
+
 def run_claimed(
     job_id: str, settings: Settings, claimed: tuple[int, dict[str, Any], dict[str, Any] | None],
     should_stop: Callable[[], bool],
@@ -116,14 +131,21 @@ def run_claimed(
     attempt, spec, estimate = claimed
     paths = run_paths(job_id, settings)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
-    paths.spec_file.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    local_spec = fetch_run_data(job_id, settings, spec, attempt)
+    if isinstance(local_spec, RunOutcome):  # a data file or model folder on the store could not be fetched
+        failed = local_spec
+        return retry_database(lambda: record_outcome(job_id, settings, failed, attempt), f"job {job_id}: outcome")
+    paths.spec_file.write_text(json.dumps(local_spec, indent=2), encoding="utf-8")
     resume = retry_database(lambda: prepare_resume(job_id, settings, paths, attempt), f"job {job_id}: prepare resume")
     log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
     lease = LeaseKeeper(job_id, attempt, settings).start()
+    uploader = None
     try:
+        uploader = start_uploader(job_id, settings, paths, spec, attempt)
         outcome = supervise_run(
             job_id, paths, session_factory(settings), resume=resume, grace_s=settings.cancel_grace_seconds,
             should_stop=should_stop, estimate=estimate, attempt=attempt,
+            watch=uploader.poll if uploader is not None else None,
         )  # fmt: skip
     except FencedOut:  # the ingestor already killed the run (worker/ingest.py)
         lease.fenced.set()
@@ -132,6 +154,8 @@ def run_claimed(
         outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
                              f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
     finally:
+        if uploader is not None:  # under the lease: the last checkpoint is stored before any requeue
+            uploader.finish(abort=lease.fenced.is_set())
         lease.stop()
     if lease.fenced.is_set():  # a newer attempt owns the job now: write nothing, upload nothing
         return None
@@ -151,56 +175,6 @@ def run_claimed(
         outcome = retried
     store_artifacts(job_id, settings, paths)
     return retry_database(lambda: record_outcome(job_id, settings, outcome, attempt), f"job {job_id}: outcome")
-
-
-def prepare_resume(job_id: str, settings: Settings, paths: RunPaths, attempt: int | None = None) -> bool:
-    """Whether the run resumes from a checkpoint, made consistent with what the database holds.
-
-    Whoever requeued the job (a restart, a worker's shutdown, the recovery of a killed slot), its last
-    attempt may have got ahead of the database: a killed slot loses the events it had not yet written,
-    while its run saved checkpoints on. A checkpoint past the job's stored progress is deleted (its
-    steps would have no points), and the points after the checkpoint resumed from are dropped (the
-    resumed run logs them anew): one point per step either way. When the supervisor itself was lost
-    (the sweep requeued the job), even a checkpoint at the stored step is not trusted: the events of
-    that step after its progress event (its loss, its evaluation) may have died in the supervisor's
-    buffer. A supervisor that lived flushed everything before it requeued, so its checkpoints are.
-    Without any checkpoint the run starts over, and every point an earlier attempt logged goes.
-    """
-    with session_scope(settings.database_url) as session:
-        if newest_checkpoint(paths.output_dir) is not None:
-            stored = session.execute(select(Job.progress_step).where(Job.id == job_id)).scalar_one()
-            trusted = stored - 1 if supervisor_was_lost(session, job_id) else stored
-            for ahead in complete_checkpoints(paths.output_dir):
-                if read_progress(ahead).global_step > trusted:
-                    log.info("job %s: %s is past the stored step %d: not resuming from it", job_id, ahead.name,
-                             stored)  # fmt: skip
-                    shutil.rmtree(ahead, ignore_errors=True)
-        checkpoint = newest_checkpoint(paths.output_dir)
-        step = read_progress(checkpoint).global_step if checkpoint is not None else 0
-        dropped = rewind_metrics(session, job_id, step, attempt)
-    if dropped:
-        log.info("job %s: dropped %d metric points after step %d, logged anew on resume", job_id, dropped, step)
-    return checkpoint is not None
-
-
-def supervisor_was_lost(session: Session, job_id: str) -> bool:
-    """Whether the sweep requeued the job after its last attempt's supervisor was lost.
-
-    Read back from the newest status event, past this attempt's own ``running`` (its claim wrote it
-    before the resume is prepared), to the previous attempt's ``running``: the requeue lies between.
-    """
-    statuses = session.execute(
-        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")
-        .order_by(JobEvent.seq.desc()).limit(50)
-    ).scalars()  # fmt: skip
-    for index, data in enumerate(statuses):
-        if data.get("status") == JobStatus.running:
-            if index == 0:
-                continue
-            return False
-        if str(data.get("message") or "").startswith(LOST_WORKER_MESSAGE):
-            return True
-    return False
 
 
 def claim(job_id: str, settings: Settings) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
@@ -233,10 +207,9 @@ def restart(
     if used >= budget:
         outcome.message = f"{outcome.message} (no restarts left: resources.max_restarts is {budget})"
         return False
-    checkpoint = newest_checkpoint(paths.output_dir)
-    start = f"from {checkpoint.name}" if checkpoint is not None else "from the start (no checkpoint yet)"
+    start = resume_phrase(settings, job_id, paths.output_dir)
     message = f"{outcome.message}; restarting {start}, restart {used + 1} of {budget}"
-    status = requeue_or_fail(job_id, settings, has_checkpoint=True, message=message,
+    status = requeue_or_fail(job_id, settings, may_requeue=True, message=message,
                              requeue_reason=ErrorReason.worker_lost, attempt=attempt)  # fmt: skip
     log.warning("job %s: %s", job_id, message)
     return status == JobStatus.queued.value
@@ -270,9 +243,8 @@ def requeue_after_shutdown(
     has none yet. A stop is no fault of the job's (a deploy, or the worker's main process gone), so it
     spends none of its restarts; failing it lost every job that had not reached its first checkpoint
     (the chaos bench, R9: the worker main killed while runs were still loading their model)."""
-    checkpoint = newest_checkpoint(paths.output_dir)
-    start = f"from {checkpoint.name}" if checkpoint is not None else "from the start (no checkpoint yet)"
-    status = requeue_or_fail(job_id, settings, has_checkpoint=True,
+    start = resume_phrase(settings, job_id, paths.output_dir)
+    status = requeue_or_fail(job_id, settings, may_requeue=True,
                              message=f"the worker shut down while the job ran; it runs again {start}",
                              requeue_reason=ErrorReason.shutdown_requeue, attempt=attempt)  # fmt: skip
     if status != JobStatus.queued.value:

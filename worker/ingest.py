@@ -62,8 +62,9 @@ def metric_values(event: Event) -> dict[str, float | None]:
 
 
 # How long an event may wait in the buffer: the larger part of what a live SSE client waits for a
-# metric (bench_api.py: SSE delay p50 ~160 ms at 0.2 s, with the API's 0.1 s poll on top). At most
-# ten small transactions per second per running job.
+# metric, since a commit wakes its streams at once on PostgreSQL (NOTIFY; on SQLite the API's
+# last_seq watcher looks every 0.2 s: api/event_listeners.py). At most ten small transactions per
+# second per running job.
 FLUSH_INTERVAL_S = 0.1
 
 

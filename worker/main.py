@@ -27,7 +27,7 @@ from sqlalchemy import make_url
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
 from worker.paths import worker_name
-from worker.processes import spawn_child, stop_processes
+from worker.processes import on_stop_signals, spawn_child, stop_processes
 from worker.sweeper import Sweeper, sweep
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def stop_slots(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> No
 def run_worker(
     queues: list[str], gpus: list[str] | None = None, settings: Settings | None = None, *, loglevel: str = "INFO"
 ) -> int:
-    """Serve ``queues`` until SIGTERM/SIGINT; blocks and returns an exit status.
+    """Serve ``queues`` until SIGINT, SIGTERM or SIGHUP; blocks and returns an exit status.
 
     ``gpus`` (e.g. ``["0", "1"]``) starts one slot per GPU with ``CUDA_VISIBLE_DEVICES`` set; None
     or empty starts one slot (CPU, or whatever devices the environment shows). A first sweep runs
@@ -111,19 +111,24 @@ def run_worker(
     settings = settings or get_settings()
     if not queues:
         raise ValueError("queues: give at least one queue name")
-    first = sweep(settings)
-    if first["recovered"] or first["redelivered"]:
-        log.info("first sweep: %s", first)
-    procs = start_slots(queues, gpus, settings, loglevel)
-    sweeper = Sweeper(settings, queues, f"{worker_name()}-{os.getpid()}")
-    sweeper.slot_pids = [p.pid for p in procs]
     stopping = False
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
 
-    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    # Before anything else, whatever dispositions this process inherited (worker.processes says why).
+    previous = on_stop_signals(_stop)
+    first = sweep(settings)
+    if first["recovered"] or first["redelivered"]:
+        log.info("first sweep: %s", first)
+    if stopping:  # asked to stop during the sweep: no slot to start and stop again
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        return 0
+    procs = start_slots(queues, gpus, settings, loglevel)
+    sweeper = Sweeper(settings, queues, f"{worker_name()}-{os.getpid()}")
+    sweeper.slot_pids = [p.pid for p in procs]
     try:
         while not stopping and all(p.poll() is None for p in procs):
             sweeper.tick(time.monotonic())

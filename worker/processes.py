@@ -5,6 +5,7 @@ Used by the worker for its slots, by ``trainjobs serve --workers N`` for its API
 Ctrl-C reaches only the supervisor, which stops children in order) and dies with its supervisor: a
 supervisor killed by any signal, SIGKILL included, leaves nothing listening or consuming behind.
 Stopping is SIGTERM to all at once, then SIGKILL to the group of whatever outlives the timeout.
+A supervisor stops on any of :data:`STOP_SIGNALS`, whatever dispositions it inherited.
 """
 
 from __future__ import annotations
@@ -15,10 +16,29 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+# Ctrl-C, SIGTERM (docker stop, systemd, a test) and SIGHUP (its terminal closed) all stop a supervisor.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SignalHandler = Callable[[int, FrameType | None], object] | int | None
+
+
+def interrupt(_signum: int, _frame: FrameType | None) -> None:
+    """A stop-signal handler that stops like Ctrl-C, whichever stop signal came: KeyboardInterrupt."""
+    raise KeyboardInterrupt
+
+
+def on_stop_signals(handler: Callable[[int, FrameType | None], object] = interrupt) -> dict[int, SignalHandler]:
+    """Install ``handler`` for every one of :data:`STOP_SIGNALS`; returns the handlers it replaced.
+
+    Whatever this process inherited: a non-interactive shell starts a background job (``trainjobs dev &``)
+    with SIGINT ignored, and Python then installs no SIGINT handler of its own, so without this a
+    ``kill -INT`` (or a test's Ctrl-C) would be ignored for good.
+    """
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
 def die_with_parent(parent_pid: int | None = None) -> None:

@@ -3,10 +3,13 @@
 Run by the sweep (worker/sweeper.py), every ``TRAINJOBS_SWEEP_SECONDS`` in every worker and once when a
 worker (or ``trainjobs dev``) starts. A ``running`` job is orphaned when its heartbeat lease
 (``lease_expires_at``, renewed by its slot, worker/lease.py) has run out, wherever it ran, or when it
-belongs to this host and the slot process that claimed it (``Job.pid``) is gone. An orphan with a
-checkpoint goes back to the queue and resumes from it (its attempts are kept; the next claim adds
-one, fencing the lost slot out); one without fails with reason ``worker_lost``. Both moves carry the
-attempt the sweep saw and an expired lease as conditions, so a slot that renewed meanwhile keeps its job.
+belongs to this host and the slot process that claimed it (``Job.pid``) is gone. A lost worker is an
+infrastructure failure: while the job has restarts left (``resources.max_restarts``) it goes back to
+the queue (its attempts are kept; the next claim adds one, fencing the lost slot out) and resumes
+from its newest complete checkpoint, in the object store on a remote artifacts root (the lost host's
+disk may be gone), or from step 0 when it has none. With its restarts spent, or a cancel requested,
+it fails with reason ``worker_lost``. Both moves carry the attempt the sweep saw and an expired lease
+as conditions, so a slot that renewed meanwhile keeps its job.
 """
 
 from __future__ import annotations
@@ -27,16 +30,12 @@ from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.checkpoint import newest_checkpoint
+from worker.checkpoint_sync import resume_phrase
 from worker.paths import run_paths, worker_name
 from worker.procfs import cmdline
-from worker.restarts import max_restarts, restarts_used
+from worker.restarts import LOST_WORKER_MESSAGE, max_restarts, restarts_used
 
 log = logging.getLogger(__name__)
-
-# The message of a requeue (or failure) by the sweep: the supervisor itself was lost, and with it any
-# events it had not written yet (worker.execute.prepare_resume reads it).
-LOST_WORKER_MESSAGE = "the worker running this job was lost"
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -80,13 +79,14 @@ def requeue_or_fail(
     job_id: str,
     settings: Settings,
     *,
-    has_checkpoint: bool,
+    may_requeue: bool,
     message: str,
     requeue_reason: ErrorReason | None = None,
     attempt: int | None = None,
     conditions: Sequence[ColumnElement[bool]] = (),
 ) -> str:
-    """``running -> queued`` (and enqueue) with a checkpoint, else ``running -> failed/worker_lost``.
+    """``running -> queued`` (and enqueue) when ``may_requeue`` (restarts left, or a stop that spends none)
+    and no cancel is requested, else ``running -> failed/worker_lost``.
 
     ``requeue_reason`` (with ``message``) goes on the requeue's status event, when the cause is known.
     ``attempt`` fences the move (only while that attempt still runs); ``conditions`` narrow it further.
@@ -97,7 +97,7 @@ def requeue_or_fail(
         queue, priority, cancel_requested = session.execute(
             select(Job.queue, Job.priority, Job.cancel_requested).where(Job.id == job_id)
         ).one()
-        if has_checkpoint and not cancel_requested:
+        if may_requeue and not cancel_requested:
             moved = transition(session, job_id, JobStatus.queued, expect=JobStatus.running, worker=None, pid=None,
                                reason=requeue_reason, message=message if requeue_reason else None,
                                attempt=attempt, conditions=conditions, enqueued_at=utcnow())  # fmt: skip
@@ -110,9 +110,10 @@ def requeue_or_fail(
     if moved and new == JobStatus.queued:
         # A crash before this send leaves the job queued and stamped: the sweep re-sends it.
         enqueue_job(job_id, queue, priority, settings)
-        log.info("job %s requeued to resume from its checkpoint", job_id)
+        log.info("job %s requeued: %s", job_id, message)
     elif moved:
-        log.warning("job %s failed: %s (no checkpoint to resume from)", job_id, message)
+        log.warning("job %s failed (worker_lost): %s%s", job_id, message,
+                    " (a cancel was requested)" if cancel_requested else "")  # fmt: skip
     return new.value if moved else "unchanged"
 
 
@@ -132,16 +133,17 @@ def recover_orphaned_jobs(settings: Settings, *, host: str | None = None) -> dic
         paths = run_paths(job_id, settings)
         if worker == host:  # a run pid file names a process of this machine only
             kill_leftover_run(paths.pid_file)
-        has_checkpoint = newest_checkpoint(paths.output_dir) is not None
         # A lost worker is an infrastructure failure: it spends one of the job's restarts.
         spent = used[job_id] >= budget
-        message = f"{LOST_WORKER_MESSAGE} (no restarts left: resources.max_restarts is {budget})" if spent else (
-            LOST_WORKER_MESSAGE
-        )
+        if spent:
+            message = f"{LOST_WORKER_MESSAGE} (no restarts left: resources.max_restarts is {budget})"
+        else:
+            start = resume_phrase(settings, job_id, paths.output_dir)
+            message = f"{LOST_WORKER_MESSAGE}; it runs again {start}, restart {used[job_id] + 1} of {budget}"
         # Still expired at the UPDATE: a slot that renewed since we looked keeps its job.
         still_lost = (or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now, Job.worker == host),)
         results[job_id] = requeue_or_fail(
-            job_id, settings, has_checkpoint=has_checkpoint and not spent, message=message,
+            job_id, settings, may_requeue=not spent, message=message,
             requeue_reason=ErrorReason.worker_lost, attempt=attempt, conditions=still_lost,
         )  # fmt: skip
     return results

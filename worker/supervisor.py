@@ -79,15 +79,18 @@ def supervise_run(
     should_stop: Callable[[], bool] = lambda: False,
     estimate: dict[str, Any] | None = None,
     attempt: int | None = None,
+    watch: Callable[[], None] | None = None,
 ) -> RunOutcome:
     """Start the run, stream its events into the database, stop it when asked; returns how it ended.
 
-    ``attempt`` is the claim's fencing token: writes of a stale attempt raise ``FencedOut``.
+    ``attempt`` is the claim's fencing token: writes of a stale attempt raise ``FencedOut``. ``watch``
+    is called on every turn of the loop while the run lives (the checkpoint uploader's poll).
     """
-    watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop, attempt=attempt)
-    returncode = watch.run(resume=resume)
-    tail = stderr_tail(paths.log_file, watch.log_start)
-    return classify_exit(watch.done, returncode, watch.stopped_by, tail, estimate)
+    run_watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop, attempt=attempt,
+                         watch=watch)  # fmt: skip
+    returncode = run_watch.run(resume=resume)
+    tail = stderr_tail(paths.log_file, run_watch.log_start)
+    return classify_exit(run_watch.done, returncode, run_watch.stopped_by, tail, estimate)
 
 
 class RunWatch:
@@ -102,8 +105,10 @@ class RunWatch:
         grace_s: float,
         should_stop: Callable[[], bool],
         attempt: int | None = None,
+        watch: Callable[[], None] | None = None,
     ) -> None:
         self.job_id, self.paths, self.session_factory = job_id, paths, session_factory
+        self.watch = watch
         self.grace_s, self.should_stop, self.attempt = grace_s, should_stop, attempt
         self.ingestor = EventIngestor(job_id, session_factory, attempt=attempt)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -145,6 +150,8 @@ class RunWatch:
                 if line is None:
                     break
                 self.handle_line(line)
+                if self.watch is not None:
+                    self.watch()
                 now = time.monotonic()
                 if self.database.ready(now):
                     self.database_work(proc, now)

@@ -15,7 +15,8 @@ from api.deps import CallerDep, SessionDep, SessionFactoryDep, SettingsDep, owne
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.datasets import DatasetList, DatasetOut
-from api.uploads import UPLOAD_SUFFIXES, dataset_dir, store_upload
+from api.uploads import UPLOAD_SUFFIXES, dataset_prefix, save_upload
+from service_core.datastore import DataStore
 from service_core.db.base import new_id
 from service_core.db.models import Dataset
 from service_core.keys import Caller
@@ -85,12 +86,13 @@ def store_dataset(
             "file: the file name must not contain the NUL character (\\u0000)",
             errors=[{"field": "file", "message": "the file name must not contain the NUL character"}],
         )
-    stored = store_upload(
+    stored = save_upload(
         file.file,
         filename,
-        dataset_dir(settings.data_root, caller.owner, dataset_id),
-        settings.data_root,
+        DataStore.of(settings),
+        dataset_prefix(caller.owner, dataset_id),
         settings.max_upload_mb * (1 << 20),
+        settings.home.resolve() / "tmp",
     )
     row = Dataset(
         id=dataset_id,

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, SettingsDep
 from api.estimation import estimate, plan
-from api.paths import check_spec_locations
+from api.paths import check_spec_locations, readable_here
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.estimates import Catalog, EstimateRequest, EstimateResponse
@@ -51,7 +51,7 @@ async def estimate_memory(body: EstimateRequest, settings: SettingsDep, caller: 
 
 
 def located_estimate(body: EstimateRequest, settings: Settings, owner: str | None) -> EstimateResponse:
-    located = check_spec_locations(body.spec, settings.data_root, owner)
+    located = readable_here(check_spec_locations(body.spec, settings.data_root_url, owner), settings)
     return estimate_response(body.model_copy(update={"spec": located}), settings)
 
 

@@ -24,13 +24,14 @@ from api.deps import (
     owned_dataset,
 )
 from api.estimation import budget_for, estimate_for_submit, plan
-from api.paths import check_spec_locations, resolve_uploaded_dataset
+from api.paths import check_spec_locations, readable_here, resolve_uploaded_dataset, store_root
 from api.preflight import run_preflight
 from api.problems import Problem
 from api.quotas import check_queued_quota
 from api.schemas.common import problem_responses
 from api.schemas.jobs import CURSOR_PATTERN, Cursor, JobCreate, JobList, JobOut, JobSummary
 from api.schemas.preflight import DryRunOut
+from api.spec_limits import runtime_limited
 from service_core.db.base import utcnow
 from service_core.db.jobstore import insert_job, transition
 from service_core.db.models import Job, JobEvent
@@ -91,17 +92,19 @@ def checked_spec(
     untrainable = untrainable_errors(spec, cuda=True)  # the worker's device is checked by the run
     if untrainable:  # estimates take these specs; the worker cannot run them yet
         raise SpecError(untrainable)
+    spec = runtime_limited(spec, settings.max_job_hours)
     queue = body.queue or settings.default_queue
     dataset_id = None
     if spec.dataset.id is not None:
         with sessions() as session:
             dataset = owned_dataset(session, spec.dataset.id, caller, field="dataset.id")
             dataset_id = dataset.id
-        spec = resolve_uploaded_dataset(spec, dataset, settings.data_root)
-    spec = check_spec_locations(spec, settings.data_root, None if caller.is_admin else caller.owner)
+        spec = resolve_uploaded_dataset(spec, dataset, settings.data_root_url)
+    spec = check_spec_locations(spec, settings.data_root_url, None if caller.is_admin else caller.owner)
+    here = readable_here(spec, settings)  # a model folder on an object-store data root: this host's copy
     # Preflight first: its messages about the data and the model say more than the estimator's would.
-    report = run_preflight(spec, warmed_up)
-    estimate = estimate_for_submit(spec, queue, settings)
+    report = run_preflight(here, warmed_up, store_root=store_root(settings))
+    estimate = estimate_for_submit(here, queue, settings)
     return spec, queue, dataset_id, estimate, report
 
 
@@ -111,7 +114,9 @@ def check_job(
     """A dry run: the checks of :func:`create_job`, answered as a report, storing nothing."""
     spec, queue, _, estimate, report = checked_spec(body, sessions, settings, caller, warmed_up)
     budget = budget_for(spec, queue, settings)
-    advice = plan(spec, budget).model_dump(mode="json") if budget is not None and estimate is not None else None
+    advice = None
+    if budget is not None and estimate is not None:
+        advice = plan(readable_here(spec, settings), budget).model_dump(mode="json")
     return DryRunOut(
         queue=queue,
         spec=spec.model_dump(mode="json", exclude_unset=True),

@@ -1,4 +1,4 @@
-"""Persistence: typed SQLAlchemy models and sessions (Alembic migrations live in migrations/).
+"""Persistence: typed SQLAlchemy models and sessions (their Alembic migrations: service_core/migrations).
 
 The status vocabulary the models use lives in :mod:`service_core.status`; import it from there.
 """

@@ -34,7 +34,7 @@ from service_core.settings import Settings
 from service_core.status import JobStatus
 from tests.api.conftest import PG_SERVER, Keys, add_job
 from tests.api.live import serve
-from tests.api.test_events import parse_sse
+from trainjobs.sse import iter_events
 
 # What a worker does, in a process of its own: append a metric, or end the job.
 WRITER = """
@@ -68,9 +68,8 @@ class Follower:
     def _read(self, url: str, key: str) -> None:
         with httpx.stream("GET", url, headers=Keys.auth(key), timeout=httpx.Timeout(10, read=60)) as response:
             assert response.status_code == 200
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    self.events.put(parse_sse(f"id: 0\nevent: x\n{line}\n\n")[0]["data"])
+            for sse in iter_events(response):
+                self.events.put(sse.data)
 
     def next(self, timeout: float = 30) -> dict[str, Any]:
         return self.events.get(timeout=timeout)

@@ -20,16 +20,15 @@ from service_core.db.models import Job
 from service_core.status import ErrorReason, JobStatus
 from tests.api.conftest import Keys, add_job
 from tests.api.live import serve
+from tests.worker.live import read_sse
 
 
-def parse_sse(text: str) -> list[dict[str, Any]]:
-    """Events of an SSE body: id (int), event, data (parsed); comments are skipped."""
-    events = []
-    for block in text.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":"))
-        if fields:
-            events.append({"id": int(fields["id"]), "event": fields["event"], "data": json.loads(fields["data"])})
-    return events
+def parse_sse(response: Any) -> list[dict[str, Any]]:
+    """The events of a TestClient answer, by the suite's one SSE reader (the TestClient's responses are
+    httpx2's, so the body is handed over as an httpx response)."""
+    return read_sse(
+        httpx.Response(response.status_code, headers=response.headers.multi_items(), content=response.content)
+    )
 
 
 def run_job(session: Session, job: Job, metrics: int) -> None:
@@ -52,7 +51,7 @@ def read_events(client: TestClient, job_id: str, key: str, **headers: str) -> li
     response = client.get(f"/v1/jobs/{job_id}/events", headers={**Keys.auth(key), **headers})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
-    return parse_sse(response.text)
+    return parse_sse(response)
 
 
 def test_replay_sends_every_event_in_order_and_ends(client: TestClient, keys: Keys, session: Session) -> None:
@@ -85,7 +84,7 @@ def test_resume_with_last_event_id_has_no_gaps_or_repeats(client: TestClient, ke
         resumed = read_events(client, job.id, keys.alice, **{"Last-Event-ID": str(last)})
         assert full[:last] + resumed == full
     by_query = client.get(f"/v1/jobs/{job.id}/events", params={"after": 4}, headers=keys.auth(keys.alice))
-    assert parse_sse(by_query.text) == full[4:]
+    assert parse_sse(by_query) == full[4:]
     # after the terminal event there is nothing left: the stream ends at once
     assert read_events(client, job.id, keys.alice, **{"Last-Event-ID": str(len(full))}) == []
 
@@ -117,14 +116,7 @@ def stream_events(url: str, key: str, seen: list[dict[str, Any]], stop_after: in
     headers = Keys.auth(key) | ({"Last-Event-ID": str(seen[-1]["id"])} if seen else {})
     with httpx.stream("GET", url, headers=headers, timeout=30) as response:
         assert response.status_code == 200
-        buffer = ""
-        for chunk in response.iter_text():
-            buffer += chunk
-            while "\n\n" in buffer:
-                block, buffer = buffer.split("\n\n", 1)
-                seen.extend(parse_sse(block + "\n\n"))
-                if stop_after is not None and len(seen) >= stop_after:
-                    return
+        seen.extend(read_sse(response, None if stop_after is None else stop_after - len(seen)))
 
 
 def test_live_stream_with_a_reconnect(live_url: str, keys: Keys, session: Session) -> None:
@@ -176,9 +168,9 @@ def test_kind_filter_replays_only_those_kinds_and_still_ends(client: TestClient,
     job = add_job(session, "alice")
     run_job(session, job, metrics=3)
     auth = keys.auth(keys.alice)
-    events = parse_sse(client.get(f"/v1/jobs/{job.id}/events?kind=status", headers=auth).text)
+    events = parse_sse(client.get(f"/v1/jobs/{job.id}/events?kind=status", headers=auth))
     assert [(e["id"], e["data"]["status"]) for e in events] == [(1, "running"), (8, "succeeded")]
-    both = parse_sse(client.get(f"/v1/jobs/{job.id}/events?kind=status&kind=metric", headers=auth).text)
+    both = parse_sse(client.get(f"/v1/jobs/{job.id}/events?kind=status&kind=metric", headers=auth))
     assert [e["event"] for e in both] == ["status", "metric", "metric", "metric", "status"]
     bad = client.get(f"/v1/jobs/{job.id}/events?kind=nonsense", headers=auth)
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "kind.0"

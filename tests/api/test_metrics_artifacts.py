@@ -1,15 +1,21 @@
-"""Metric points by polling (paged by seq) and artifact list/download, each with its trio."""
+"""Metric points by polling (paged by seq) and artifact list/download (on a local and an object-store
+root), each with its trio."""
 
 from __future__ import annotations
 
+import io
+import zipfile
 from typing import Any
 
+import fsspec
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from api.main import create_app
 from service_core.db.models import MetricPoint
 from service_core.db.session import allocate_seqs
+from service_core.settings import Settings
 from tests.api.conftest import Keys, add_job
 
 
@@ -123,3 +129,27 @@ def test_artifacts_not_found_not_yours_and_escapes(
     escape = client.get(f"{url}/%2E%2E/{other.id}/metrics.json", headers=keys.auth(keys.alice))
     assert escape.status_code == 422, escape.text
     assert escape.headers["content-type"] == "application/problem+json"
+
+
+def test_artifacts_are_listed_downloaded_and_zipped_from_the_object_store(
+    settings: Settings, keys: Keys, session: Session, s3_root: str
+) -> None:
+    # The API on an s3:// root (a real SeaweedFS); the files are written by another machine's client.
+    app = create_app(settings.model_copy(update={"artifacts_root_": s3_root}))
+    job = add_job(session, "alice")
+    url = f"/v1/jobs/{job.id}/artifacts"
+    files = {"model/config.json": b'{"model_type": "bert"}', "checkpoints/4/manifest.json": b'{"step": 4}'}
+    with TestClient(app) as client:
+        assert client.get(url, headers=keys.auth(keys.alice)).json() == {"items": []}  # listed before any write
+        writer = fsspec.filesystem("s3", skip_instance_cache=True)
+        for path, content in files.items():
+            writer.pipe_file(f"{s3_root.removeprefix('s3://')}/{job.id}/{path}", content)
+        listing = client.get(url, headers=keys.auth(keys.alice)).json()["items"]
+        assert listing == [{"path": p, "size": len(c)} for p, c in sorted(files.items())]  # not a stale listing
+        download = client.get(f"{url}/model/config.json", headers=keys.auth(keys.alice))
+        assert (download.status_code, download.content) == (200, files["model/config.json"])
+        archive = client.get(f"{url}.zip", headers=keys.auth(keys.alice))
+        assert archive.status_code == 200, archive.text
+        with zipfile.ZipFile(io.BytesIO(archive.content)) as zipped:
+            assert {name: zipped.read(name) for name in zipped.namelist()} == files
+        assert client.get(url, headers=keys.auth(keys.bob)).status_code == 404

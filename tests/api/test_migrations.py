@@ -1,4 +1,8 @@
-"""``alembic upgrade head`` on an empty database gives exactly the models' schema."""
+"""``alembic upgrade head`` on an empty database gives exactly the models' schema; the scripts ship in the
+package (service_core/migrations), and ``schema_problem`` tells a missing or outdated database apart.
+
+The packaged config (what ``trainjobs migrate`` runs) is the one under test; the repository's
+``alembic.ini`` must name the same folder, so developers' ``alembic`` commands see the same scripts."""
 
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
 from service_core.db.base import Base
 from service_core.db.totals import bucket_key, duration_bucket, finished_key
+from service_core.migrations import SCRIPT_LOCATION, alembic_config, apply_migrations, schema_problem
 from service_core.status import JobStatus
 from tests.api.conftest import PG_SERVER
 
@@ -39,11 +45,10 @@ def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         server.dispose()
 
 
-def alembic_config(url: str) -> Config:
-    config = Config(str(REPO / "alembic.ini"))
-    config.set_main_option("sqlalchemy.url", url)
-    config.attributes["configure_logger"] = False
-    return config
+def test_the_repository_alembic_ini_names_the_packaged_scripts() -> None:
+    developers = ScriptDirectory.from_config(Config(str(REPO / "alembic.ini")))
+    assert Path(developers.dir).resolve() == SCRIPT_LOCATION
+    assert not list((REPO / "migrations").glob("**/*.py")), "one copy of the migrations: service_core/migrations"
 
 
 def test_upgrade_head_matches_the_models(empty_database: str) -> None:
@@ -68,8 +73,6 @@ def test_downgrade_removes_everything(empty_database: str) -> None:
 
 
 def test_one_linear_chain_from_the_initial_revision() -> None:
-    from alembic.script import ScriptDirectory
-
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
     assert len(script.get_heads()) == 1
     revisions = list(script.walk_revisions())  # head first
@@ -153,3 +156,53 @@ def test_job_totals_filled_from_existing_jobs_and_removed_by_downgrade(empty_dat
         assert "job_totals" not in inspect(conn).get_table_names()
         assert len(conn.execute(text("SELECT id FROM jobs")).all()) == 4  # data untouched
     engine.dispose()
+
+
+def test_schema_problem_says_missing_then_behind_and_migrate_brings_it_to_head(empty_database: str) -> None:
+    head = ScriptDirectory.from_config(alembic_config(empty_database)).get_current_head()
+    first = schema_problem(empty_database)
+    if empty_database.startswith("sqlite"):  # the file is not there yet, and asking must not create it
+        assert first == f"database {empty_database} does not exist: run `trainjobs migrate`"
+        assert not Path(empty_database.removeprefix("sqlite:///")).exists()
+    else:
+        assert first == f"database {empty_database} has no trainjobs schema yet: run `trainjobs migrate`"
+
+    command.upgrade(alembic_config(empty_database), "0003")
+    assert schema_problem(empty_database) == (
+        f"database {empty_database} is at revision 0003, behind this trainjobs ({head}): run `trainjobs migrate`"
+    )
+    done = apply_migrations(empty_database)
+    assert (done.before, done.after) == ("0003", head)
+    assert schema_problem(empty_database) is None
+    assert apply_migrations(empty_database).before == head  # a second run has nothing to do
+
+    engine = create_engine(empty_database)
+    with engine.begin() as conn:  # as a newer trainjobs would leave it
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    assert schema_problem(empty_database) == (
+        f"database {empty_database} is at revision 9999, newer than this trainjobs ({head}): upgrade trainjobs"
+    )
+
+
+def test_schema_problem_accepts_a_schema_made_from_the_models(tmp_path: Path) -> None:
+    # Tests and benchmarks create tables straight from the models: no revision, but nothing missing.
+    url = f"sqlite:///{tmp_path / 'models.db'}"
+    engine = create_engine(url)
+    Base.metadata.create_all(engine)
+    assert schema_problem(url) is None
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE api_keys"))
+    engine.dispose()
+    assert schema_problem(url) == f"database {url} has no trainjobs schema yet: run `trainjobs migrate`"
+
+
+@pytest.mark.postgres
+def test_schema_problem_names_a_missing_postgres_database_without_its_password() -> None:
+    url = f"{PG_SERVER.replace('postgres@', 'postgres:s3cret-pw@')}/trainjobs_never_created_{secrets.token_hex(4)}"
+    problem = schema_problem(url)
+    assert problem is not None and "s3cret-pw" not in problem
+    assert problem == (
+        f"database {url.replace('s3cret-pw', '***')} does not exist: create it, then run `trainjobs migrate`"
+    )
+    assert schema_problem(url.replace(":5432/", ":1/")) is None  # unreachable: the processes wait it out

@@ -1,10 +1,12 @@
-"""Patterns, folders and links cannot reach another owner's upload (what `datasets` would expand)."""
+"""Patterns, folders and links cannot reach another owner's upload (what `datasets` would expand), on a
+local data root and on an object-store one (SeaweedFS), where URLs outside the root are refused too."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -12,6 +14,7 @@ from sqlalchemy.orm import Session
 from service_core.db.models import Dataset, Job
 from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
+from tests.api.stores import put, settings_on_both_roots  # noqa: F401 (every test here runs on both roots)
 
 CSV = b"text,label\nbob's private text,1\nmore private text,0\n"  # two labels: preflight wants a classification
 
@@ -39,7 +42,7 @@ def test_patterns_cannot_reach_another_owners_upload(
 ) -> None:
     stored = bobs_upload(client, keys, session)  # uploads/bob/<id>/secret.csv
     dataset_id = stored.split("/")[2]
-    root = settings.data_root.as_posix()
+    root = settings.data_root_url
     patterns = [
         "upload[s]/bob/*/secret.csv",
         f"uploads/bob/{dataset_id}/secre?.csv",
@@ -66,6 +69,7 @@ def test_patterns_cannot_reach_another_owners_upload(
     assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
 
 
+@pytest.mark.parametrize("settings", ["local"], indirect=True)  # an object store has no links
 def test_a_link_into_another_owners_upload_is_refused(
     client: TestClient, keys: Keys, settings: Settings, session: Session
 ) -> None:
@@ -84,9 +88,7 @@ def test_patterns_in_own_folders_and_shared_folders_are_allowed(
     bobs_upload(client, keys, session)
     mine = client.post("/v1/datasets", files={"file": ("mine.csv", CSV)}, headers=keys.auth(keys.alice))
     assert mine.status_code == 201, mine.text
-    shared = settings.data_root / "shared"  # a folder of its own: the fixture's reviews/ holds other data
-    shared.mkdir()
-    (shared / "train.csv").write_bytes(CSV)
+    put(settings, "shared/train.csv", CSV)  # a folder of its own: the fixture's reviews/ holds other data
     for dataset in (
         {"path": "csv", "data_files": "uploads/alice/*/*.csv"},
         {"path": "csv", "data_files": {"train": "shared/*.csv"}},
@@ -100,7 +102,36 @@ def test_patterns_in_own_folders_and_shared_folders_are_allowed(
     assert admin.status_code == 201, admin.text
 
 
-def test_a_pattern_the_loader_cannot_read_is_422(client: TestClient, keys: Keys, settings: Settings) -> None:
-    (settings.data_root / "reviews").mkdir(exist_ok=True)
+def test_a_pattern_the_loader_cannot_read_is_422(client: TestClient, keys: Keys) -> None:
     # fsspec refuses `**` inside a name: a 422 naming the field, not a failed run later.
     assert_refused(submit(client, keys.alice, {"path": "csv", "data_files": "reviews/a**b.csv"}), "dataset.data_files")
+
+
+@pytest.mark.parametrize("settings", ["s3"], indirect=True)
+def test_object_store_urls_must_lie_under_the_data_root(
+    client: TestClient, keys: Keys, settings: Settings, session: Session
+) -> None:
+    stored = bobs_upload(client, keys, session)
+    root = settings.data_root_url
+    bucket = root.split("/")[2]
+    refused = [
+        f"s3://{bucket}/elsewhere/train.csv",  # the service's own bucket, outside DATA_ROOT
+        f"s3a://{bucket}/elsewhere/*.csv",  # another spelling of the same store
+        f"{root}-sibling/train.csv",  # a prefix that only starts like the root
+        f"{root}/reviews/../{stored}",  # object keys are literal: `..` is refused, not resolved
+        f"{root}/{stored}",  # bob's upload, by URL
+        f"s3a://{root.removeprefix('s3://')}/uploads/*/*/secret.csv",
+        settings.home.as_posix() + "/data/reviews/train.csv",  # a local path: there is no local data root
+    ]
+    for location in refused:
+        assert_refused(submit(client, keys.alice, {"path": "csv", "data_files": location}), "dataset.data_files")
+    # A model folder in the store is fetched whole: outside the root, or holding bob's upload, refused.
+    for model in (f"s3://{bucket}/models/minilm", root, "uploads"):
+        response = client.post("/v1/jobs", json=make_spec(model={"name_or_path": model}), headers=keys.auth(keys.alice))
+        assert_refused(response, "model.name_or_path")
+    # The root's own data by URL, in either spelling, is stored in the root's canonical form.
+    own = submit(
+        client, keys.alice, {"path": "csv", "data_files": f"s3a://{root.removeprefix('s3://')}/reviews/train.csv"}
+    )
+    assert own.status_code == 201, own.text
+    assert own.json()["spec"]["dataset"]["data_files"] == f"{root}/reviews/train.csv"

@@ -126,3 +126,19 @@ def test_submit_naming_a_metadata_or_internal_host_is_422(client: TestClient, ke
 
 def test_public_names_that_do_not_resolve_here_are_left_to_the_worker() -> None:
     assert address_problem("data.example.org") is None
+
+
+def test_data_root_is_a_local_folder_or_an_object_store_url(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from service_core.settings import Settings
+
+    local = Settings.model_validate({"DATA_ROOT": tmp_path / "data"})
+    assert local.data_root == (tmp_path / "data").resolve() and local.data_root_url == local.data_root.as_posix()
+    assert Settings.model_validate({"DATA_ROOT": f"file://{tmp_path}/d"}).data_root == (tmp_path / "d").resolve()
+    store = Settings.model_validate({"DATA_ROOT": "s3://bucket/data/"})
+    assert store.data_root_url == "s3://bucket/data"
+    with pytest.raises(ValueError, match="not a local folder"):
+        _ = store.data_root  # code that needs a local folder says so instead of writing to a wrong place
+    with pytest.raises(ValidationError, match="DATA_ROOT"):
+        Settings.model_validate({"DATA_ROOT": "nosuchproto://bucket/data"})

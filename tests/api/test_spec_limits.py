@@ -1,5 +1,6 @@
 """Inputs that used to reach the database or the serializer and fail there (500s) are 422s naming
-the field: NUL characters anywhere, nesting past the bound; lists carry no specs."""
+the field: NUL characters anywhere, nesting past the bound; lists carry no specs. A run time limit
+over the service's ceiling is a 422 naming the field too."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from api.spec_limits import MAX_DEPTH
 from service_core.db.models import Job
+from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
 
 
@@ -69,3 +71,18 @@ def test_lists_carry_no_specs_but_a_job_does(client: TestClient, keys: Keys) -> 
     assert [j["id"] for j in listed] == [created.json()["id"]] and "spec" not in listed[0]
     shown = client.get(f"/v1/jobs/{created.json()['id']}", headers=keys.auth(keys.alice)).json()
     assert shown["spec"]["name"] == "tiny-bert"
+
+
+def test_max_job_hours_is_the_ceiling_and_the_default_of_the_run_time_limit(
+    client: TestClient, keys: Keys, session: Session, settings: Settings
+) -> None:
+    ceiling = settings.max_job_hours * 60
+    assert refused(client, keys, make_spec(resources={"max_runtime_minutes": ceiling + 1})) == [
+        "resources.max_runtime_minutes"
+    ]
+    assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+    for given, limit in ((None, ceiling), (ceiling, ceiling), (90, 90)):
+        resources = {} if given is None else {"max_runtime_minutes": given}
+        created = client.post("/v1/jobs", json=make_spec(resources=resources), headers=keys.auth(keys.alice))
+        assert created.status_code == 201, created.text
+        assert created.json()["spec"]["resources"]["max_runtime_minutes"] == limit

@@ -19,6 +19,7 @@ from service_core.settings import Settings
 from service_core.status import JobStatus
 from tests.api.conftest import Keys, add_job
 from tests.api.live import serve
+from trainjobs.sse import iter_events
 
 STREAMS = 48  # many more than the database pool and the threads of an API process
 PER_OWNER = 3
@@ -39,13 +40,10 @@ def hold_stream(url: str, key: str, opened: threading.Semaphore, seen: list[str]
     """Read a stream to its end; release ``opened`` once its first event arrived."""
     with httpx.stream("GET", url, headers=Keys.auth(key), timeout=120) as response:
         assert response.status_code == 200
-        first = True
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                seen.append(line.removeprefix("event: "))
-                if first:
-                    opened.release()
-                    first = False
+        for n, event in enumerate(iter_events(response)):
+            seen.append(event.event)
+            if n == 0:
+                opened.release()
 
 
 @pytest.mark.slow

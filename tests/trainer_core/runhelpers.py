@@ -15,10 +15,13 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from tests.trainer_core import datagen
-from trainer_core.data import prepare_data
+from trainer_core.backends.common import build_training_model
+from trainer_core.data import PreparedData, prepare_data
 from trainer_core.events import Event, EventCollector, parse_event_line
+from trainer_core.memory_report import memory_values
 from trainer_core.metrics import compute_metrics
 from trainer_core.modeling import MODEL_CLASSES
+from trainer_core.optimizers import build_optimizer
 from trainer_core.run import run_job
 from trainer_core.spec import JobSpec, parse_spec
 
@@ -41,6 +44,20 @@ def run(spec: JobSpec, output_dir: Path, **kwargs: Any) -> tuple[str, EventColle
     events = EventCollector()
     status = run_job(spec, output_dir, emit=events, **kwargs)
     return status, events
+
+
+def memory_after_one_step(spec: JobSpec, data: PreparedData, rows: int = 4) -> dict[str, int | None]:
+    """The memory event's values for the model and optimizer a run of ``spec`` builds (both backends
+    build them with these functions), after one optimizer step on ``rows`` of ``data``: no run, no
+    save, no evaluation. Optimizers allocate their state on that first step."""
+    model = build_training_model(spec, data.labels)
+    optimizer = build_optimizer(model, spec.optimizer, spec.training.learning_rate, spec.training.weight_decay)
+    batch = data.collator([data.train[i] for i in range(rows)])
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.efficiency.mixed_precision == "bf16"):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    return memory_values(model, optimizer)
 
 
 def done_event(events: EventCollector) -> dict[str, Any]:

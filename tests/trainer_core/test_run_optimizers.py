@@ -8,24 +8,17 @@ import pytest
 import torch
 
 from tests.trainer_core import datagen
-from tests.trainer_core.runhelpers import BACKENDS, done_event, logged_losses, run, text_spec
+from tests.trainer_core.runhelpers import BACKENDS, done_event, logged_losses, memory_after_one_step, run, text_spec
 from trainer_core.backends.common import build_training_model
 from trainer_core.data import prepare_data
 from trainer_core.optimizers import build_optimizer
 from trainer_core.spec import JobSpec
-from trainer_core.torch_optim import optimizer_state_bytes
 
 
 def state_bytes_after_one_step(spec: JobSpec) -> tuple[int, int]:
     """(parameter bytes, optimizer-state bytes) of a freshly built model and optimizer after one step."""
-    data = prepare_data(spec, None)
-    model = build_training_model(spec, data.labels)
-    optimizer = build_optimizer(model, spec.optimizer, spec.training.learning_rate, spec.training.weight_decay)
-    batch = data.collator([data.train[i] for i in range(4)])
-    model(**batch).loss.backward()
-    optimizer.step()
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return params, optimizer_state_bytes(optimizer)
+    values = memory_after_one_step(spec, prepare_data(spec, None))
+    return int(values["parameter_bytes"] or 0), int(values["optimizer_state_bytes"] or 0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

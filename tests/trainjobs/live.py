@@ -1,7 +1,7 @@
 """A real service for client and CLI tests: migrations, API and worker as the processes production runs.
 
 The commands are the ones ``docker-compose.yml`` runs (``test_compose.py`` checks that they match):
-``alembic upgrade head``, ``trainjobs serve``, ``trainjobs worker``. The database is a SQLite file and
+``trainjobs migrate``, ``trainjobs serve``, ``trainjobs worker``. The database is a SQLite file and
 the broker the embedded one, all in a temporary home.
 """
 
@@ -22,7 +22,7 @@ from trainjobs.client import Client
 REPO = Path(__file__).resolve().parents[2]
 
 # argv after the program name, shared with the compose test: these are the commands the suite runs.
-MIGRATE_ARGS = ["upgrade", "head"]
+MIGRATE_ARGS = ["migrate"]
 SERVE_ARGS = ["serve", "--host", "127.0.0.1", "--port", "{port}"]
 WORKER_ARGS = ["worker", "--gpus", "0", "--queue", "default"]
 
@@ -65,8 +65,7 @@ class LiveService:
                                 start_new_session=True)  # fmt: skip
 
     def migrate(self) -> None:
-        subprocess.run([sys.executable, "-m", "alembic", *MIGRATE_ARGS], env=self.env, cwd=REPO, check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(trainjobs_argv(MIGRATE_ARGS), env=self.env, cwd=REPO, check=True, capture_output=True)
 
     def start_api(self, timeout: float = 60.0) -> None:
         args = [a.format(port=self.port) for a in SERVE_ARGS]

@@ -2,14 +2,18 @@
 job where it was (back in the queue from its checkpoint, or failed with a reason, never "running")
 and finishes it.
 
-(A job without a checkpoint is failed with the reason ``worker_lost``: tests/worker/test_recovery.py.)"""
+(A job without a checkpoint starts over from step 0 while it has restarts left, else fails with the
+reason ``worker_lost``: tests/worker/test_recovery.py.)"""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +22,34 @@ import pytest
 
 from tests.trainer_core.datagen import write_sentiment_csv
 from tests.trainjobs.conftest import job_spec
-from tests.trainjobs.live import free_port, trainjobs_argv
+from tests.trainjobs.live import LiveService, free_port, trainjobs_argv
 from tests.trainjobs.test_readme_fresh_clone import processes_in
+from tests.trainjobs.test_serving import wait_until
 from trainjobs.client import Client
+from worker.procfs import all_processes, is_alive
 
 pytestmark = pytest.mark.slow
 KEY = "tj_known-key-from-the-environment"
 
 
-def start_dev(home: Path, port: int) -> subprocess.Popen[bytes]:
+@contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Start children the way a non-interactive shell starts a background job (``trainjobs dev &``,
+    ``make test &``): with SIGINT ignored, a disposition they keep across exec."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def start_dev(home: Path, port: int, *options: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "BROKER_URL", "ARTIFACTS_ROOT"))}
     env.update(TRAINJOBS_HOME=str(home), TRAINJOBS_API_KEY=KEY, TRAINJOBS_CANCEL_GRACE_SECONDS="10")
     log = (home.parent / "dev.log").open("ab")
-    process = subprocess.Popen(trainjobs_argv(["dev", "--port", str(port)]), cwd=home.parent, env=env,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    with sigint_ignored():  # the Ctrl-C below must stop it all the same
+        process = subprocess.Popen(trainjobs_argv(["dev", "--port", str(port), *options]), cwd=home.parent, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert process.poll() is None, (home.parent / "dev.log").read_text()[-3000:]
@@ -44,10 +62,11 @@ def start_dev(home: Path, port: int) -> subprocess.Popen[bytes]:
     raise TimeoutError("trainjobs dev did not come up")
 
 
-def interrupt(process: subprocess.Popen[bytes]) -> None:
-    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends
+def interrupt(process: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT, timeout: float = 120) -> None:
+    """Send ``sig`` (by default what Ctrl-C in its terminal sends) and expect a clean exit in time."""
+    os.killpg(process.pid, sig)
     try:
-        process.wait(timeout=120)
+        assert process.wait(timeout=timeout) == 0, f"exit status {process.returncode} after {sig.name}"
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         raise
@@ -81,3 +100,61 @@ def test_ctrl_c_then_restart_finishes_the_running_job(tmp_path: Path) -> None:
     finally:
         interrupt(dev)
     assert processes_in(tmp_path) == []
+
+
+def test_serve_and_worker_stop_cleanly_on_stop_signals_whatever_they_inherited(tmp_path: Path) -> None:
+    """``trainjobs serve`` and ``trainjobs worker`` started with SIGINT ignored stop on Ctrl-C, and the
+    API as gracefully on SIGHUP (a closed terminal), which uvicorn itself does not handle."""
+    service = LiveService(tmp_path / "home")
+    try:
+        with sigint_ignored():
+            service.start()
+        assert service.api is not None and service.worker is not None
+        worker = service.worker.pid
+        # Its slot started: the worker is past its own start (no need to wait for the slot's imports).
+        wait_until(lambda: any(p.ppid == worker for p in all_processes()), 60, "the worker's slot")
+        slots = [p.pid for p in all_processes() if p.ppid == worker]
+        for process in (service.worker, service.api):
+            interrupt(process, timeout=30)
+        assert not any(map(is_alive, slots)), "a slot outlived its worker"
+        with sigint_ignored():
+            service.start_api()
+        interrupt(service.api, signal.SIGHUP, timeout=30)
+        assert (service.logs / "api.log").read_text().count("Application shutdown complete") == 2
+    finally:
+        service.stop()
+
+
+def test_dev_s3_runs_the_service_on_its_own_seaweedfs_and_stops_it(tmp_path: Path) -> None:
+    import json
+
+    import fsspec
+    import psutil
+
+    home, port = tmp_path / "var", free_port()
+    home.mkdir()
+    dev = start_dev(home, port, "--s3")
+    try:
+        wait_until(lambda: "Press Ctrl-C" in (tmp_path / "dev.log").read_text(), 30, "the banner (worker started)")
+        banner = (tmp_path / "dev.log").read_text()
+        (endpoint,) = re.findall(r"Object store \(S3\): +(http://\S+)", banner)
+        (identity,) = json.loads((home / "seaweedfs" / "s3.json").read_text())["identities"]
+        (keys,) = identity["credentials"]
+        assert keys["secretKey"] not in banner  # the keys stay in the file, never on the terminal
+        store = fsspec.filesystem("s3", key=keys["accessKey"], secret=keys["secretKey"], skip_instance_cache=True,
+                                  client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})  # fmt: skip
+        store.pipe("trainjobs/artifacts/probe.txt", b"served")
+        assert store.cat("trainjobs/artifacts/probe.txt") == b"served"
+        # The API and the worker it started run on that store, with its keys.
+        children = [p for p in psutil.Process(dev.pid).children() if "trainjobs.cli" in p.cmdline()]
+        assert sorted(p.cmdline()[3] for p in children) == ["serve", "worker"]
+        for env in (p.environ() for p in children):
+            assert (env["ARTIFACTS_ROOT"], env["DATA_ROOT"]) == ("s3://trainjobs/artifacts", "s3://trainjobs/data")
+            assert (env["AWS_ENDPOINT_URL"], env["AWS_ACCESS_KEY_ID"]) == (endpoint, keys["accessKey"])
+            assert env["AWS_SECRET_ACCESS_KEY"] == keys["secretKey"]
+    finally:
+        interrupt(dev)
+    assert dev.returncode == 0
+    assert processes_in(tmp_path) == [], "something outlived Ctrl-C"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(endpoint, timeout=2)

@@ -16,6 +16,7 @@ from typing import IO
 import httpx
 import pytest
 
+from service_core.migrations import apply_migrations
 from tests.trainjobs.live import REPO, trainjobs_argv
 from tests.trainjobs.sockets import accepted_nodelay
 from tests.worker.live import free_port
@@ -26,6 +27,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO
 
 
 def serve_env(home: Path) -> dict[str, str]:
+    """The environment of a ``trainjobs serve`` on ``home``, whose database is migrated first (serve
+    refuses one that is not)."""
+    apply_migrations(f"sqlite:///{home / 'trainjobs.db'}")
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "BROKER_URL", "TRAINJOBS_ENV"}}
     return {**env, "TRAINJOBS_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 

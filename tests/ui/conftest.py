@@ -107,11 +107,17 @@ class Watch:
     outside_requests: list[str] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
     expected: list[tuple[str, int]] = field(default_factory=list)
+    cut_origins: list[str] = field(default_factory=list)
 
     def expect_status(self, path: str, status: int) -> None:
         """A test that provokes an API error on purpose (a 422 for a bad field): Chromium logs every
         4xx answer as a console error; this one is the page's business, not a fault."""
         self.expected.append((path, status))
+
+    def expect_network_errors(self, origin: str) -> None:
+        """A test that cuts the page's connections on purpose: Chromium logs each request that fails
+        (``net::ERR_...``) as a console error; the page recovering from them is what it tests."""
+        self.cut_origins.append(origin)
 
     def on_console(self, message: playwright_sync.ConsoleMessage) -> None:
         if message.type != "error":
@@ -120,6 +126,8 @@ class Watch:
         for path, status in self.expected:
             if f"status of {status} " in message.text and urlsplit(url).path == path:
                 return
+        if "net::ERR_" in message.text and url.startswith(tuple(self.cut_origins)):
+            return
         self.console_errors.append(f"{message.text} @ {message.location}")
 
 

@@ -4,7 +4,6 @@ the test."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ from service_core.db import Base
 from service_core.db.session import get_engine, session_scope
 from service_core.keys import create_api_key
 from service_core.settings import Settings
+from trainjobs.sse import iter_events
 from worker.processes import stop_processes
 from worker.procfs import processes_mentioning
 
@@ -119,18 +119,10 @@ def live_service(settings: Settings, queue: str, log_dir: Path) -> Iterator[Live
 
 
 def read_sse(response: httpx.Response, limit: int | None = None) -> list[dict[str, Any]]:
-    """Parse SSE frames (``id`` / ``event`` / ``data``) until the stream ends or ``limit`` frames."""
+    """SSE frames (``id`` / ``event`` / ``data``, parsed by httpx-sse) until the stream ends or ``limit`` frames."""
     frames: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    for line in response.iter_lines():
-        if line == "":
-            if "data" in current:
-                data = json.loads(current["data"])
-                frames.append({"id": int(current["id"]), "event": current["event"], "data": data})
-                if limit is not None and len(frames) >= limit:
-                    return frames
-            current = {}
-        elif not line.startswith(":"):
-            key, _, value = line.partition(":")
-            current[key] = value.removeprefix(" ")
+    for event in iter_events(response):
+        frames.append({"id": event.seq, "event": event.event, "data": event.data})
+        if limit is not None and len(frames) >= limit:
+            break
     return frames

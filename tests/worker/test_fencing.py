@@ -65,7 +65,7 @@ def test_a_stale_attempt_writes_nothing_over_the_new_one(db_settings: Settings, 
     stale.flush()
     # The old slot froze: its lease ran out, the sweep requeued the job, another slot claimed it.
     expire_lease(db_settings, job_id)
-    assert requeue_or_fail(job_id, db_settings, has_checkpoint=True, message="lost", attempt=old) == "queued"
+    assert requeue_or_fail(job_id, db_settings, may_requeue=True, message="lost", attempt=old) == "queued"
     new = claim(db_settings, job_id)
     assert new == old + 1
     fresh = EventIngestor(job_id, session_factory(db_settings), attempt=new, progress_rows_per_s=0)
@@ -81,7 +81,7 @@ def test_a_stale_attempt_writes_nothing_over_the_new_one(db_settings: Settings, 
     assert record_outcome(job_id, db_settings, RunOutcome(JobStatus.succeeded), attempt=old) == "running"
     with session_scope(db_settings.database_url) as s:
         assert not renew_lease(s, job_id, old, db_settings.lease_seconds)
-    assert requeue_or_fail(job_id, db_settings, has_checkpoint=True, message="stale", attempt=old) == "unchanged"
+    assert requeue_or_fail(job_id, db_settings, may_requeue=True, message="stale", attempt=old) == "unchanged"
     job = load_job(db_settings, job_id)
     assert (job.status, job.attempts, job.progress_step) == ("running", new, 4)
     assert rows(db_settings, job_id) == before
@@ -94,11 +94,12 @@ def test_a_stale_attempt_writes_nothing_over_the_new_one(db_settings: Settings, 
 
 
 def test_the_sweep_leaves_a_job_whose_lease_was_renewed(db_settings: Settings, make_job: JobFactory) -> None:
-    job_id = make_job(db_settings, {}, status="running", attempts=1, worker="other-host", pid=1)
+    spent = {"resources": {"max_restarts": 0}}
+    job_id = make_job(db_settings, spent, status="running", attempts=1, worker="other-host", pid=1)
     with session_scope(db_settings.database_url) as s:
         assert renew_lease(s, job_id, 1, db_settings.lease_seconds)
     assert recover_orphaned_jobs(db_settings) == {}
     expire_lease(db_settings, job_id)
-    assert recover_orphaned_jobs(db_settings) == {job_id: "failed"}  # no checkpoint: worker_lost
+    assert recover_orphaned_jobs(db_settings) == {job_id: "failed"}  # no restarts left: worker_lost
     job = load_job(db_settings, job_id)
     assert (job.status, job.error_reason, job.lease_expires_at) == ("failed", "worker_lost", None)

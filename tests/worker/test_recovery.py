@@ -1,5 +1,6 @@
-"""Jobs left running by a dead worker are requeued (with a checkpoint) or failed, never left running;
-jobs whose worker is alive are left alone."""
+"""Jobs left running by a dead worker are requeued (from their newest checkpoint, on the disk or in the
+object store, or from step 0) while they have restarts left, else failed; never left running. Jobs
+whose worker is alive are left alone."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from kombu import Connection
-from sqlalchemy import update
+from sqlalchemy import select, update
 
-from service_core.db import Job
+from service_core.checkpoints import CheckpointStore
+from service_core.db import Job, JobEvent
 from service_core.db.base import utcnow
 from service_core.db.session import session_scope
 from service_core.settings import Settings
@@ -55,29 +57,62 @@ def test_orphans_are_requeued_or_failed_and_live_jobs_left_alone(
     host = worker_name()
     with_ckpt = make_job(db_settings, spec, status="running", attempts=1, worker=host, pid=dead_pid(), queue="q-rec")
     without = make_job(db_settings, spec, status="running", attempts=1, worker=host, pid=dead_pid(), queue="q-rec")
+    no_restarts = {**spec, "resources": {"max_restarts": 0}}
+    spent = make_job(db_settings, no_restarts, status="running", attempts=1, worker=host, pid=dead_pid())
     alive = make_job(db_settings, spec, status="running", attempts=1, worker=host, pid=1)  # pid 1 is always there
     elsewhere = make_job(db_settings, spec, status="running", attempts=1, worker="other-host", pid=1)
-    stale = make_job(db_settings, spec, status="running", attempts=1, worker="other-host", pid=1)
+    stale = make_job(db_settings, no_restarts, status="running", attempts=1, worker="other-host", pid=1)
     with session_scope(db_settings.database_url) as s:
         s.execute(update(Job).where(Job.id == stale).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     write_checkpoint(run_paths(with_ckpt, db_settings).output_dir, spec)
 
     results = recover_orphaned_jobs(db_settings)
 
-    assert results == {with_ckpt: "queued", without: "failed", stale: "failed"}
+    assert results == {with_ckpt: "queued", without: "queued", spent: "failed", stale: "failed"}
     requeued = load_job(db_settings, with_ckpt)
     assert (requeued.status, requeued.attempts, requeued.worker) == ("queued", 1, None)
-    lost = load_job(db_settings, without)
-    assert (lost.status, lost.error_reason) == ("failed", "worker_lost")
-    assert load_job(db_settings, stale).error_reason == "worker_lost"
+    assert "runs again from checkpoint-4, restart 1 of 2" in last_status_message(db_settings, with_ckpt)
+    # No checkpoint yet but restarts left: it starts over rather than failing.
+    assert load_job(db_settings, without).status == "queued"
+    assert "runs again from the start (no checkpoint yet)" in last_status_message(db_settings, without)
+    for lost in (spent, stale):
+        job = load_job(db_settings, lost)
+        assert (job.status, job.error_reason) == ("failed", "worker_lost")
+        assert "no restarts left: resources.max_restarts is 0" in (job.error_message or "")
     assert load_job(db_settings, alive).status == "running"
     assert load_job(db_settings, elsewhere).status == "running"
-    assert queued_ids(db_settings, "q-rec") == [with_ckpt]  # re-enqueued to its own queue
+    assert sorted(queued_ids(db_settings, "q-rec")) == sorted([with_ckpt, without])  # re-enqueued to their queue
     assert recover_orphaned_jobs(db_settings) == {}  # nothing left to recover
 
 
+def last_status_message(settings: Settings, job_id: str) -> str:
+    with session_scope(settings.database_url) as session:
+        data = session.execute(
+            select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")
+            .order_by(JobEvent.seq.desc()).limit(1)
+        ).scalar_one()  # fmt: skip
+    return str(data.get("message") or "")
+
+
+def test_on_an_object_store_root_the_sweep_looks_for_checkpoints_in_the_store(
+    sqlite_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str], s3_root: str, tmp_path: Path
+) -> None:
+    # The lost host's disk is gone: only the store tells whether the job has a checkpoint.
+    settings = sqlite_settings.model_copy(update={"artifacts_root_": s3_root})
+    spec = quick_spec(sentiment_files)
+    stored, never = (make_job(settings, spec, status="running", attempts=1, worker="gone-host", pid=1,
+                              lease_expires_at=utcnow() - timedelta(seconds=1)) for _ in range(2))  # fmt: skip
+    write_checkpoint(tmp_path / "lost-disk", spec)
+    assert CheckpointStore(s3_root, stored).upload(checkpoint_dir(tmp_path / "lost-disk", 4), 4, attempt=1)
+
+    assert recover_orphaned_jobs(settings) == {stored: "queued", never: "queued"}
+    assert "runs again from checkpoint-4" in last_status_message(settings, stored)
+    assert "runs again from the start (no checkpoint yet)" in last_status_message(settings, never)
+
+
 def test_a_leftover_run_of_a_dead_supervisor_is_killed(sqlite_settings: Settings, make_job: JobFactory) -> None:
-    job_id = make_job(sqlite_settings, {}, status="running", worker=worker_name(), pid=dead_pid())
+    job_id = make_job(sqlite_settings, {"resources": {"max_restarts": 0}}, status="running", worker=worker_name(),
+                      pid=dead_pid())  # fmt: skip
     paths = run_paths(job_id, sqlite_settings)
     paths.work_dir.mkdir(parents=True)
     # Stands in for an orphaned training process: same session trick, "trainjobs" in its command line.

@@ -118,7 +118,7 @@ def test_after_a_database_outage_the_sweep_gives_slots_time_to_renew(tmp_path: P
             sweeper.tick(sweeper.next_sweep)  # back: the slot may not have renewed yet
             assert load_job(settings, job_id).status == "running"
             sweeper.tick(sweeper.next_sweep + 2 * settings.lease_renew_seconds)
-            assert load_job(settings, job_id).status == "failed"  # still not renewed: lost
+            assert load_job(settings, job_id).status == "queued"  # still not renewed: lost, runs again
             get_engine(url).dispose()
     finally:
         get_engine(direct_url).dispose()

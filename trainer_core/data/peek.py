@@ -5,12 +5,12 @@ file. The rows are parsed as the run's builders parse them: files are resolved b
 pattern rules, CSV with the csv builder's pandas options, folders by the folder builders' extensions with
 the parent folder as label. Files no larger than :data:`HEAD_BYTES` are read whole, so their row count
 and label set are exact; a bigger file contributes its first :data:`HEAD_ROWS` rows and an estimated count.
+Files are opened through fsspec, so an object-store URL (``s3://...``) is read the same way, a head at a time.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import fsspec
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasets import Dataset
+from datasets import Dataset, DownloadConfig
 from datasets.data_files import DataFilesDict, EmptyDatasetError, get_data_patterns, sanitize_patterns
 from datasets.packaged_modules.audiofolder.audiofolder import AudioFolder
 from datasets.packaged_modules.csv.csv import CsvConfig
@@ -46,17 +46,36 @@ class SplitHead:
     exact: bool
 
 
+def data_locations(spec: JobSpec) -> list[str]:
+    """Every ``data_files`` entry (patterns as written) and the ``data_dir`` of the spec."""
+    ds = spec.dataset
+    files = ds.data_files.values() if isinstance(ds.data_files, dict) else [ds.data_files]
+    paths = [p for entry in files if entry is not None for p in ([entry] if isinstance(entry, str) else entry)]
+    return paths + ([ds.data_dir] if ds.data_dir is not None else [])
+
+
+def _fresh_listings(spec: JobSpec) -> DownloadConfig | None:
+    """Listing options for the object stores the spec names: none cached. Other hosts write there, and
+    fsspec's listings cache (per process, never expiring) would hide their files from a long-lived API."""
+    protocols = {name.split("://", 1)[0] for name in data_locations(spec) if "://" in name}
+    if not protocols:
+        return None
+    return DownloadConfig(storage_options={protocol: {"use_listings_cache": False} for protocol in protocols})
+
+
 def split_files(spec: JobSpec) -> dict[str, list[str]]:
-    """Each split's local files, resolved as ``datasets.load_dataset`` resolves ``data_files``/``data_dir``."""
+    """Each split's files, resolved as ``datasets.load_dataset`` resolves ``data_files``/``data_dir``."""
     ds = spec.dataset
     base = ds.data_dir or "."
+    listing = _fresh_listings(spec)
     if ds.data_files is not None:
         patterns = sanitize_patterns(ds.data_files)
     elif ds.data_dir is not None:
-        if not Path(ds.data_dir).is_dir():
+        fs, folder = fsspec.core.url_to_fs(ds.data_dir, use_listings_cache=False)
+        if not fs.isdir(folder):
             raise spec_error("dataset.data_dir", f"no folder {ds.data_dir}")
         try:
-            patterns = get_data_patterns(base)
+            patterns = get_data_patterns(base, download_config=listing)
         except EmptyDatasetError as exc:
             raise spec_error("dataset.data_dir", f"no data files in {ds.data_dir}") from exc
     else:
@@ -65,7 +84,7 @@ def split_files(spec: JobSpec) -> dict[str, list[str]]:
     for split, split_patterns in patterns.items():
         field = f"dataset.data_files.{split}" if isinstance(ds.data_files, dict) else "dataset.data_files"
         try:
-            files = DataFilesDict.from_patterns({split: split_patterns}, base_path=base)[split]
+            files = DataFilesDict.from_patterns({split: split_patterns}, base_path=base, download_config=listing)[split]
         except FileNotFoundError as exc:
             raise spec_error(field if ds.data_files is not None else "dataset.data_dir", str(exc)) from exc
         resolved[split] = [str(f) for f in files]
@@ -73,7 +92,7 @@ def split_files(spec: JobSpec) -> dict[str, list[str]]:
 
 
 def _estimated_rows(path: str, size: int) -> int:
-    with open(path, "rb") as fh:
+    with fsspec.open(path, "rb") as fh:
         sample = fh.read(_SAMPLE_BYTES)
     lines = max(sample.count(b"\n"), 1)
     return max(int(size * lines / max(len(sample), 1)) - 1, 1)
@@ -107,12 +126,14 @@ def head_dataset(table: pa.Table) -> Dataset:
 
 def read_head(fmt: str, path: str) -> tuple[Dataset, int, bool]:
     """One file's first rows as a Dataset, its (exact or estimated) row count, and whether it was read whole."""
-    size = os.path.getsize(path)
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    size = int(fs.size(fs_path))
     if fmt == "parquet":
-        parquet = pq.ParquetFile(path)
-        batch = next(parquet.iter_batches(batch_size=HEAD_ROWS), None)
-        table = pa.Table.from_batches([batch]) if batch is not None else parquet.schema_arrow.empty_table()
-        total = parquet.metadata.num_rows
+        with fs.open(fs_path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            batch = next(parquet.iter_batches(batch_size=HEAD_ROWS), None)
+            table = pa.Table.from_batches([batch]) if batch is not None else parquet.schema_arrow.empty_table()
+            total = parquet.metadata.num_rows
         return head_dataset(table), total, total <= HEAD_ROWS
     if fmt == "json":
         rows, count, exact = _json_head(path, size)

@@ -1,7 +1,8 @@
-"""Running the service: ``trainjobs serve``, ``trainjobs worker``, ``trainjobs dev``, ``trainjobs keys``.
+"""Running the service: ``trainjobs migrate``, ``serve``, ``worker``, ``dev``, ``keys``.
 
-``serve`` and ``worker`` are the production processes (docker-compose runs exactly these);
-``dev`` is the one-command local service (see :mod:`trainjobs.launcher`).
+``migrate``, ``serve`` and ``worker`` are the production processes (docker-compose runs exactly these);
+``serve`` and ``worker`` refuse a database that ``migrate`` has not brought up to this package's schema.
+``dev`` is the one-command local service (see :mod:`trainjobs.launcher`); it migrates by itself.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,6 +27,45 @@ def load_settings() -> Settings:
     from service_core.settings import Settings
 
     return Settings()
+
+
+def quiet_alembic() -> None:
+    """Alembic logs its plugin set-up at INFO, on import (so call this first); what the commands did,
+    they print themselves."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def schema_refusal(settings: Settings) -> bool:
+    """Print one line and return True when the database is missing or behind the packaged migrations
+    (instead of a traceback about a missing table from the first query)."""
+    quiet_alembic()
+    from service_core.migrations import schema_problem
+
+    problem = schema_problem(settings.database_url)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+    return problem is not None
+
+
+def cmd_migrate(_args: argparse.Namespace) -> int:
+    """``alembic upgrade head`` on ``DATABASE_URL`` from the scripts inside the installed package."""
+    quiet_alembic()
+    from sqlalchemy.exc import OperationalError
+
+    from service_core.migrations import apply_migrations, redact_url
+
+    database_url = load_settings().database_url
+    shown = redact_url(database_url)
+    try:
+        done = apply_migrations(database_url)
+    except OperationalError as exc:
+        print(f"error: cannot migrate {shown}: {' '.join(str(exc.orig).split())}", file=sys.stderr)
+        return 2
+    if done.before == done.after:
+        print(f"{shown} is at revision {done.after} (head): nothing to do")
+    else:
+        print(f"migrated {shown} from {done.before or 'an empty database'} to revision {done.after} (head)")
+    return 0
 
 
 def tcp_nodelay_listener() -> None:
@@ -53,17 +95,28 @@ def tcp_nodelay_listener() -> None:
     uvicorn.config.Config.bind_socket = bind_tcp  # type: ignore[method-assign,assignment]
 
 
+def _hangup_as_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    # uvicorn handles SIGINT and SIGTERM only: a closed terminal (SIGHUP) would kill the API mid-request.
+    signal.raise_signal(signal.SIGTERM)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service_core.logging import configure_logging
     from trainjobs.serving import reuse_port_supported, supervise
+    from worker.processes import on_stop_signals
 
+    # Stop signals stop it from the start, whatever dispositions it inherited (worker.processes says
+    # why); uvicorn and `supervise` put their graceful handlers over these while they serve.
+    on_stop_signals()
     settings = load_settings()
     try:
         settings.check_production_ready()
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if schema_refusal(settings):
         return 2
     configure_logging()
     if args.workers > 1 and reuse_port_supported():
@@ -74,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     tcp_nodelay_listener()
+    signal.signal(signal.SIGHUP, _hangup_as_sigterm)
     uvicorn.run(
         "api.main:create_app",
         factory=True,
@@ -98,20 +152,28 @@ def parse_gpus(text: str | None) -> list[str] | None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.processes import on_stop_signals
+
+    on_stop_signals()  # while it starts; run_worker then stops its slots on them (worker.processes says why)
     from service_core.logging import configure_logging
     from worker.main import run_worker
 
-    configure_logging()
     settings = load_settings()
+    if schema_refusal(settings):
+        return 2
+    configure_logging()
     queues = args.queue or [settings.default_queue]
     result = run_worker(queues=queues, gpus=parse_gpus(args.gpus), settings=settings)
     return int(result or 0)
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    from worker.processes import on_stop_signals
+
+    on_stop_signals()  # while it imports; DevLauncher.run installs them again for its own run
     from trainjobs.launcher import DevLauncher
 
-    return DevLauncher(load_settings(), host=args.host, port=args.port, example=args.example).run()
+    return DevLauncher(load_settings(), host=args.host, port=args.port, example=args.example, s3=args.s3).run()
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
@@ -176,6 +238,9 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    migrate = subparsers.add_parser("migrate", help="create or upgrade the database schema (DATABASE_URL)")
+    migrate.set_defaults(func=cmd_migrate)
+
     serve = subparsers.add_parser("serve", help="run the HTTP API (uvicorn)")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8000)
@@ -196,6 +261,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=int(os.environ.get("TRAINJOBS_PORT", "8000")), help="$TRAINJOBS_PORT")
     dev.add_argument("--example", action="store_true", help="print a curl command that submits an example job")
+    dev.add_argument(
+        "--s3", action="store_true", help="also start a SeaweedFS under the home for artifacts, checkpoints and data"
+    )
     dev.set_defaults(func=cmd_dev)
 
     keys = subparsers.add_parser("keys", help="manage API keys")

@@ -34,8 +34,8 @@ const listeners = new Set();
 export function onUnauthorized(fn) { listeners.add(fn); }
 
 /** fetch with the Bearer header; the key travels in the header only, never in a URL. */
-export async function request(path, { method = "GET", json, body, signal, raw = false } = {}) {
-  const headers = { Authorization: "Bearer " + currentKey() };
+export async function request(path, { method = "GET", json, body, signal, raw = false, headers: extra = {} } = {}) {
+  const headers = { ...extra, Authorization: "Bearer " + currentKey() };
   if (json !== undefined) {
     headers["Content-Type"] = "application/json";
     body = JSON.stringify(json);

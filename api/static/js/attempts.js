@@ -1,9 +1,10 @@
 // The job's attempts and retries with their reasons. An attempt runs from a claim (a `running` status
 // event) to what ended it: a move back to `queued` (its reason says why: `worker_lost` when the worker
 // or run process died, `out_of_memory` for a retry) or the final status. The status events come from
-// the public event stream filtered to `kind=status`, read as a stream so a live job's list grows; the
-// changes an out-of-memory retry applied come from the job detail's `retries`.
-import { request } from "./api.js";
+// the public event stream filtered to `kind=status` (sse.js, resumed after a drop), so a live job's
+// list grows; the changes an out-of-memory retry applied come from the job detail's `retries`.
+import { isFinished, request } from "./api.js";
+import { followEvents } from "./sse.js";
 import { el } from "./util.js";
 
 /** Attempts from status events in order: {n, started, ended, outcome, reason, message}. */
@@ -23,21 +24,12 @@ export function attemptsFrom(events) {
 }
 
 /** Call `onEvent(data)` for each status event of job `id`, until the job ends or `signal` aborts. */
-export async function followStatusEvents(id, signal, onEvent) {
-  const response = await request(`/v1/jobs/${id}/events?kind=status`, { signal, raw: true });
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += value;
-    const blocks = buffer.split("\n\n");
-    buffer = blocks.pop();
-    for (const block of blocks) {
-      const data = block.split("\n").find((line) => line.startsWith("data: "));
-      if (data) onEvent(JSON.parse(data.slice(6)));
-    }
-  }
+export function followStatusEvents(id, signal, onEvent) {
+  return followEvents(`/v1/jobs/${id}/events?kind=status`, {
+    signal,
+    onEvent: (event) => onEvent(JSON.parse(event.data)),
+    ended: async () => isFinished(await request(`/v1/jobs/${id}`, { signal })),
+  });
 }
 
 function changesText(retry) {

@@ -1,0 +1,167 @@
+"""A job's checkpoints in the object store: ``ARTIFACTS_ROOT/<job>/checkpoints/<step>/``.
+
+Used when ``ARTIFACTS_ROOT`` is remote (``s3://...``): the worker slot uploads each checkpoint its run
+saves (worker/checkpoint_upload.py), and the resume of any attempt, on any host, downloads the newest
+one (worker/execute.py). An upload puts every file first and ``manifest.json`` (each file's size and
+sha256, the step, the attempt) last, so a checkpoint counts only once whole: an upload cut off by a
+lost host leaves a folder without a manifest, which listing ignores. A download checks every size and
+hash before the checkpoint appears, under its local name, in one rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import posixpath
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service_core.artifacts import ArtifactStore, clean_relative_path
+from trainer_core.checkpoint import checkpoint_dir
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+    """A stored checkpoint that cannot be used: a file missing, or its size or sha256 not the manifest's."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    path: str  # relative to the checkpoint folder, "/"-separated
+    size: int
+    sha256: str
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def describe_folder(folder: Path) -> list[ManifestEntry]:
+    """Every file under ``folder`` with its size and sha256, sorted by path."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return [ManifestEntry(p.relative_to(folder).as_posix(), p.stat().st_size, sha256_file(p)) for p in files]
+
+
+class CheckpointStore:
+    """One job's checkpoints under an artifacts root (any fsspec URL; the deployment's is ``s3://``)."""
+
+    def __init__(self, artifacts_root: str, job_id: str) -> None:
+        artifacts = ArtifactStore(artifacts_root)
+        self.fs = artifacts.fs
+        self.base = f"{artifacts.job_dir(job_id)}/{CHECKPOINTS_DIR}"
+        self.job_id = job_id
+
+    def step_dir(self, step: int) -> str:
+        return f"{self.base}/{step}"
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints (those with a manifest), oldest first."""
+        return sorted(step for step, complete in self._folders().items() if complete)
+
+    def _folders(self) -> dict[int, bool]:
+        """Every step folder in the store, and whether it is complete (read fresh, never from a cache:
+        other hosts write here)."""
+        self.fs.invalidate_cache(self.base)
+        try:
+            found = self.fs.find(self.base)
+        except FileNotFoundError:
+            return {}
+        folders: dict[int, bool] = {}
+        for full in found:
+            step_name, _, rest = posixpath.relpath(full, self.base).partition("/")
+            if step_name.isdigit():
+                folders[int(step_name)] = folders.get(int(step_name), False) or rest == MANIFEST
+        return folders
+
+    def upload(self, folder: Path, step: int, attempt: int | None, *, may_commit: Callable[[], bool] = lambda: True
+               ) -> bool:  # fmt: skip
+        """Upload a local checkpoint folder as ``step``: every file, then the manifest, last.
+
+        ``may_commit`` is asked right before the manifest is written: False (the attempt was fenced
+        out meanwhile) leaves the upload incomplete, so it never counts. Returns whether it was committed.
+        """
+        entries = describe_folder(folder)
+        target = self.step_dir(step)
+        for entry in entries:
+            dest = f"{target}/{entry.path}"
+            self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
+            self.fs.put_file(str(folder / entry.path), dest)
+        if not may_commit():
+            log.warning("job %s: checkpoint %d uploaded but not committed: attempt %s no longer owns the job",
+                        self.job_id, step, attempt)  # fmt: skip
+            return False
+        manifest = {"step": step, "attempt": attempt, "files": [vars(e) for e in entries]}
+        self.fs.pipe_file(f"{target}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+        return True
+
+    def manifest(self, step: int) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.fs.cat_file(f"{self.step_dir(step)}/{MANIFEST}"))
+        return data
+
+    def download(self, step: int, output_dir: Path) -> Path:
+        """Fetch checkpoint ``step`` into ``output_dir/checkpoint-<step>`` and return that folder.
+
+        Files land in a temporary folder beside it and are checked against the manifest (size and
+        sha256); only a whole checkpoint is renamed into place. Raises :class:`CheckpointError` otherwise.
+        """
+        manifest = self.manifest(step)
+        final = checkpoint_dir(output_dir, step)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        # A name the trainer's own checkpoint globs (checkpoint-*) never match.
+        partial = Path(tempfile.mkdtemp(prefix=f".download-{step}-", dir=output_dir))
+        try:
+            for item in manifest["files"]:
+                self._fetch_file(step, ManifestEntry(**item), partial)
+            shutil.rmtree(final, ignore_errors=True)  # an incomplete local copy of the same step
+            partial.rename(final)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        return final
+
+    def _fetch_file(self, step: int, entry: ManifestEntry, into: Path) -> None:
+        local = into / clean_relative_path(entry.path)  # a manifest names files inside its checkpoint
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.fs.get_file(f"{self.step_dir(step)}/{entry.path}", str(local))
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"checkpoint {step}: {entry.path} is missing from the store") from exc
+        size, digest = local.stat().st_size, sha256_file(local)
+        if (size, digest) != (entry.size, entry.sha256):
+            found, wanted = f"{size} bytes, sha256 {digest[:12]}", f"{entry.size} bytes, sha256 {entry.sha256[:12]}"
+            raise CheckpointError(f"checkpoint {step}: {entry.path} is {found}; the manifest says {wanted}")
+
+    def delete(self, step: int) -> None:
+        """Remove checkpoint ``step``: its manifest first, so that it stops counting before it goes."""
+        target = self.step_dir(step)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(f"{target}/{MANIFEST}")
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(target, recursive=True)
+        self.fs.invalidate_cache(self.base)
+
+    def rotate(self, keep: int | None) -> list[int]:
+        """Keep the newest ``keep`` complete checkpoints (None keeps all); remove older ones and
+        incomplete uploads older than the newest complete one. Returns the steps removed."""
+        folders = self._folders()
+        complete = sorted(step for step, whole in folders.items() if whole)
+        if not complete:
+            return []
+        doomed = complete[: max(len(complete) - keep, 0)] if keep is not None else []
+        doomed += [step for step, whole in folders.items() if not whole and step < complete[-1]]
+        for step in sorted(doomed):
+            self.delete(step)
+        return sorted(doomed)
