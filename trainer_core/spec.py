@@ -168,7 +168,8 @@ class ResourcesSpec(StrictModel):
     max_restarts: int = Field(
         default=2, ge=0, le=20,
         description="Restarts after an infrastructure failure (the run process killed by a signal, its worker "
-        "lost), each resuming from the newest checkpoint. A user error (bad data, bad spec, NaN) never restarts.",
+        "lost), each resuming from the newest complete checkpoint, or from step 0 when there is none yet. A user "
+        "error (bad data, bad spec, NaN) never restarts.",
     )  # fmt: skip
     max_oom_retries: int = Field(
         default=2, ge=0, le=10, description="After a device out-of-memory, retry this often with a smaller "
