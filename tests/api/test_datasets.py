@@ -199,6 +199,10 @@ def test_a_nul_in_the_name_or_file_name_is_a_422_and_stores_nothing(
     by_name = upload(client, keys.alice, "reviews.csv", b"text,label\nok,pos\n", name="rev\x00iews")
     assert by_name.status_code == 422, by_name.text
     assert [e["field"] for e in by_name.json()["errors"]] == ["name"]
+    # The name's other limit, its length (the fuzzer does not pin it: see test_schema_fuzz.MULTIPART).
+    too_long = upload(client, keys.alice, "reviews.csv", b"text,label\nok,pos\n", name="n" * 257)
+    assert too_long.status_code == 422, too_long.text
+    assert [e["field"] for e in too_long.json()["errors"]] == ["name"]
     # httpx would percent-encode the NUL; a raw client sends it as is.
     body = (
         b'--b\r\nContent-Disposition: form-data; name="file"; filename="rev\x00iews.csv"\r\n\r\n'

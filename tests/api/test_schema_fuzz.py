@@ -53,6 +53,11 @@ STATEFUL_SCENARIOS = 30
 # which no JSON schema can state: a well-formed request may be refused with a 422 naming the field.
 STATE_DEPENDENT = [("POST", "/v1/jobs"), ("POST", "/v1/estimates/memory")]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]  # the default, plus 422
+# A multipart body carries text only: the "boolean" or "object" a negative case puts in a form part
+# arrives as the text `false` or `{}`, a valid name and a valid file, so type violations there cannot
+# be refused. The upload's real limits (name length and NUL, file names) are pinned in test_datasets.
+MULTIPART = [("POST", "/v1/datasets")]
+NEGATIVE_REFUSED = ["400", "401", "403", "404", "405", "406", "409", "415", "422", "428", "429", "5xx"]
 
 CASES: dict[str, int] = {"stateless": 0, "stateful": 0}
 
@@ -88,6 +93,13 @@ def load_schema() -> OpenApiSchema:
             "checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED}},
         }
         for method, path in STATE_DEPENDENT
+    ] + [
+        {
+            "include-method": method,
+            "include-path": path,
+            "checks": {"negative_data_rejection": {"expected-statuses": [*NEGATIVE_REFUSED, "201"]}},
+        }
+        for method, path in MULTIPART
     ]
     config = schemathesis.Config.from_dict(
         {

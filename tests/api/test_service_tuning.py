@@ -40,7 +40,7 @@ def test_uploads_run_on_threads_of_their_own(
 ) -> None:
     app = client.app
     seen: list[tuple[float, float]] = []
-    real_store = datasets.store_upload
+    real_store = datasets.save_upload
 
     def store_and_look(*args: Any, **kwargs: Any) -> Any:
         # Inside the upload's worker thread: which limiter lent it its token?
@@ -55,7 +55,7 @@ def test_uploads_run_on_threads_of_their_own(
         )
         return real_store(*args, **kwargs)
 
-    monkeypatch.setattr(datasets, "store_upload", store_and_look)
+    monkeypatch.setattr(datasets, "save_upload", store_and_look)
     files = {"file": ("reviews.csv", b"text,label\ngreat,1\n", "text/csv")}
     response = client.post("/v1/datasets", files=files, headers=keys.auth(keys.alice))
     assert response.status_code == 201, response.text
