@@ -9,7 +9,10 @@ that can name a location (model and tokenizer paths, ``dataset.path``, ``data_fi
   remote-storage schemes the `datasets` library reads (``hf``, ``s3``, ``gs``...); ``file://`` and
   anything else is refused.
 - Absolute paths must lie under the data root; ``..`` is refused everywhere. Uploaded datasets live
-  in ``<data root>/uploads/<owner>/``, and only their owner (or an admin) may name them.
+  in ``<data root>/uploads/<owner>/``, and only their owner (or an admin) may name them. Patterns,
+  folders and links are resolved as the loader reads them, and a path the file system refuses to look
+  up is refused with its reason: the rule in trainer_core/path_guard.py, which the run applies again
+  when it opens the paths.
 - Relative local paths are taken relative to the data root and stored absolute, so the worker
   reads the same file whatever its working directory. A model or dataset name that looks like a
   hub id (``org/name``) is a hub id unless the data root holds a folder of that name.
@@ -26,13 +29,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from api.globs import Roots, local_problem, store_problem
+from fsspec import AbstractFileSystem
+
 from api.problems import Problem
-from api.uploads import UPLOADS_DIR
-from service_core.datastore import DataCache, DataStore, FetchError, localize_models, under
+from service_core.datastore import DataCache, DataStore, FetchError, localize_models
 from service_core.db.models import Dataset
 from service_core.settings import Settings
 from trainer_core.net_guard import host_problem
+from trainer_core.path_guard import (
+    MAX_MATCHES,
+    REFUSED_IN_PATHS,
+    UPLOADS_DIR,
+    Reach,
+    Roots,
+    is_local_path,
+    literal_base,
+    os_problem,
+    under,
+)
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -53,8 +67,9 @@ class _Checker:
         self.root = self.store.root
         self.uploads = f"{self.root}/{UPLOADS_DIR}"
         self.owner = owner
+        self.reach = Reach(self.root, owner)
         if self.store.is_local:
-            self.roots = Roots.of(self.root, self.uploads, owner)
+            self.roots = self.reach.roots()
         else:  # URLs as they are: an object store has no links to resolve
             self.roots = Roots(self.root, self.uploads, None if owner is None else f"{self.uploads}/{owner}")
         self.errors: list[FieldError] = []
@@ -85,15 +100,18 @@ class _Checker:
         if ".." in value.replace("\\", "/").split("/"):
             self.fail(field, "`..` is not allowed in paths")
             return value
-        if value.startswith(("/", "~", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value):
+        if is_local_path(value):
             if not self.store.is_local:
                 self.fail(field, f"local paths are not read here: name files relative to the data root {self.root}")
                 return value
-            self._local(posixpath.normpath(value), field, tree)
+            self._local(value, field, tree)
             return value
         if not local_base:  # relative to a hub dataset repository, not to this machine
             return value
         local = posixpath.join(self.root, value)
+        if self.store.is_local and (problem := os_problem(local)):  # before it is taken for a hub id
+            self.fail(field, problem)
+            return value
         # "org/name" is a hub id unless the data root holds a folder of that name (as transformers
         # itself prefers a local folder over the hub).
         if hub_ok and _HUB_ID.match(value) and not self.store.fs.exists(self.store.path_of(local) or local):
@@ -103,13 +121,9 @@ class _Checker:
         self._local(local, field, tree)
         return local
 
-    def _local(self, norm: str, field: str, tree: bool) -> None:
-        if not under(norm, self.root):
-            self.fail(field, f"local paths must be under the data root {self.root}")
-        elif self.owner is not None and under(norm, self.uploads) and not under(norm, f"{self.uploads}/{self.owner}"):
-            self.fail(field, "this path is another owner's upload; use your own datasets")
-        # What the loader will really read: patterns expanded, folders recursed, links resolved.
-        elif problem := local_problem(norm, self.roots, tree=tree):
+    def _local(self, path: str, field: str, tree: bool) -> None:
+        # The rule the run applies again when it opens the path (trainer_core/path_guard.py).
+        if problem := self.reach.problem(path, tree=tree, roots=self.roots):
             self.fail(field, problem)
 
     def _stored(self, value: str, field: str, tree: bool) -> str:
@@ -135,6 +149,28 @@ class _Checker:
         if problem:
             self.fail(field, f"URL host {problem}")
         return value
+
+
+def store_problem(url: str, roots: Roots, fs: AbstractFileSystem, *, tree: bool) -> str | None:
+    """Why a ``url`` (maybe a pattern) under an object-store data root must not be read by this caller,
+    or None. The local rule (trainer_core/path_guard.py) with the pattern expanded by the store's glob;
+    ``roots`` hold URLs, and objects have no links, so the literal folder alone decides."""
+    if REFUSED_IN_PATHS.search(url.split("://", 1)[-1]):
+        return "braces, `::` and percent-encoded characters are not allowed in data paths"
+    base, pattern = literal_base(url)
+    if pattern or tree or fs.isdir(base):
+        problem = roots.tree_readable(base)
+    else:
+        problem = roots.readable(base)
+    if problem is not None or not pattern:
+        return problem
+    try:
+        matches = fs.glob(url)
+    except (ValueError, OSError) as exc:  # fsspec refuses e.g. `a**b`; the loader would fail too
+        return f"not a valid pattern: {exc}"
+    if len(matches) > MAX_MATCHES:
+        return f"the pattern matches more than {MAX_MATCHES} files"
+    return None
 
 
 def _data_files(checker: _Checker, value: Any, field: str, local_base: bool) -> Any:

@@ -1,6 +1,6 @@
 """Per-owner quotas: requests per minute on submit and upload, and jobs waiting in the queue.
 
-Rates are token buckets per owner and action, per API process (``trainjobs serve --workers N``
+Rates are token buckets per owner and action, per API process (``trainjobs serve --api-processes N``
 allows N times the rate), checked from the headers alone, before the body is read, by
 :class:`QuotaMiddleware` (which runs after the key check). The queued-jobs quota is a count in the
 database at submit. Over a quota: 429 problem+json with ``Retry-After``. A limit of 0 turns it off.

@@ -4,6 +4,9 @@
   insert failed with a 500 after every other check had passed.
 - At most ``MAX_DEPTH`` levels of nesting (free-form parts such as ``model.config``): pydantic's
   serializer stops at ~255 levels, another 500; real configs nest a handful of levels.
+- Every number finite: JSON's ``1e400`` parses as infinity (``Infinity`` and ``NaN`` as themselves),
+  which a spec stored as null and a run crashed on; the typed fields refuse them too (``allow_inf_nan``),
+  this walk covers the free-form parts (a ``model.config`` value).
 
 The total size is bounded before parsing by the body limit (``TRAINJOBS_MAX_JSON_KB``). The walk is
 iterative, so a deep document cannot exhaust the stack of the check meant to refuse it.
@@ -13,6 +16,7 @@ iterative, so a deep document cannot exhaust the stack of the check meant to ref
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from api.problems import validation_problem
@@ -22,7 +26,7 @@ MAX_DEPTH = 32
 
 
 def document_errors(doc: Any, prefix: str = "") -> list[FieldError]:
-    """Every NUL-carrying string and every part nested past ``MAX_DEPTH``, by dotted field path."""
+    """Every NUL-carrying string, non-finite number and part nested past ``MAX_DEPTH``, by dotted field path."""
     errors: list[FieldError] = []
     stack: list[tuple[Any, str, int]] = [(doc, prefix, 0)]
     while stack:
@@ -30,6 +34,9 @@ def document_errors(doc: Any, prefix: str = "") -> list[FieldError]:
         if isinstance(value, str):
             if "\x00" in value:
                 errors.append(FieldError(path, "must not contain the NUL character (\\u0000)", "nul_character"))
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append(FieldError(path, f"must be a finite number, not {value}", "finite_number"))
             continue
         if not isinstance(value, dict | list):
             continue

@@ -3,7 +3,7 @@
 A stream costs no thread and no database connection while it waits (api/routes/events.py), but
 each one it wakes reads the database (api/event_feed.py); without a cap a single owner could open
 thousands and slow every stream's reads, and the one query that watches their jobs. The count
-is per API process (``trainjobs serve --workers N`` allows N times as many), kept on the event
+is per API process (``trainjobs serve --api-processes N`` allows N times as many), kept on the event
 loop thread only, so it needs no lock.
 """
 

@@ -1,11 +1,16 @@
 """Dataset uploads: one CSV / JSON lines / Parquet file, or a zip of an image or audio folder.
 
 The upload is copied in chunks while it is hashed and measured, so a file over the limit stops at
-the limit (413). Zips are unpacked member by member into the dataset's own folder: absolute names,
-``..``, links and members that inflate past the limit are refused (zip slip, zip bombs).
-Layout: ``<data root>/uploads/<owner>/<dataset id>/<file>``, or ``.../<dataset id>/data/`` for a
-folder; jobs may name only their owner's uploads (api/paths.py). On an object-store data root the
-upload is checked and unpacked in a local staging folder first, then copied to the same layout there.
+the limit (413). Layout: ``<data root>/uploads/<owner>/<dataset id>/<file>``, or ``.../<dataset id>/data/``
+for a folder; jobs may name only their owner's uploads (api/paths.py). On an object-store data root
+the upload is checked and unpacked in a local staging folder first, then copied to the same layout there.
+
+A zip is judged by its central directory before anything is written: more members than
+:data:`MAX_ZIP_MEMBERS`, declared sizes summing past :data:`ZIP_INFLATE_FACTOR` times the upload limit,
+or a member inflating more than :data:`MAX_ZIP_RATIO` times its compressed size is refused at once
+(413 naming the limit), as are absolute names, ``..`` and links (422: zip slip). It is then unpacked
+from the request's own spooled body, member by member, counting the real bytes: an archive whose
+directory lies about its sizes is cut off at the unpacked limit all the same, and the folder removed.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -26,10 +32,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import Problem, problem_response, validation_problem
 from service_core.datastore import DataStore
+from trainer_core.path_guard import UPLOADS_DIR
 from trainer_core.spec import FieldError
 
-UPLOADS_DIR = "uploads"
 CHUNK = 1 << 20
+MIB = 1 << 20
 FILE_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 # Every name an upload may have ends in one of these (a .zip holds an image or audio folder).
 UPLOAD_SUFFIXES = (*FILE_FORMATS, ".zip")
@@ -38,6 +45,11 @@ AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus"})
 # A zip may inflate to this many times the upload limit (images and audio barely compress).
 ZIP_INFLATE_FACTOR = 4
 MAX_ZIP_MEMBERS = 200_000
+# Pictures and sounds barely compress (PNG, JPEG, MP3 about 1x; a flat BMP or a quiet WAV some tens):
+# a member inflating more than this is a bomb. Members up to ZIP_RATIO_FLOOR are exempt (a tiny
+# blank image compresses far better); the total bound holds for them.
+MAX_ZIP_RATIO = 100
+ZIP_RATIO_FLOOR = MIB
 # Room for the multipart envelope around the file when checking Content-Length.
 MULTIPART_SLACK = 64 * 1024
 
@@ -56,7 +68,14 @@ def dataset_prefix(owner: str, dataset_id: str) -> str:
 
 
 def too_large(limit_bytes: int) -> Problem:
-    return Problem(413, f"uploads are limited to {limit_bytes // (1 << 20)} MiB (TRAINJOBS_MAX_UPLOAD_MB)")
+    return Problem(413, f"uploads are limited to {limit_bytes // MIB} MiB (TRAINJOBS_MAX_UPLOAD_MB)")
+
+
+def unpacks_too_large(limit_bytes: int, what: str) -> Problem:
+    """The 413 of a zip over its unpacked limit; ``what`` says how it showed (declared, or while unpacking)."""
+    limit = limit_bytes * ZIP_INFLATE_FACTOR // MIB
+    return Problem(413, f"{what}: a zip may unpack to at most {limit} MiB "
+                        f"({ZIP_INFLATE_FACTOR} x TRAINJOBS_MAX_UPLOAD_MB)")  # fmt: skip
 
 
 def _bad_file(message: str) -> Problem:
@@ -68,16 +87,17 @@ def safe_filename(name: str) -> str:
     return base[:200] or "upload"
 
 
-def copy_limited(src: BinaryIO, dest: Path, limit_bytes: int) -> tuple[str, int]:
-    """Copy ``src`` to ``dest`` hashing it; returns (sha256 hex, size). 413 past the limit."""
+def copy_limited(src: BinaryIO, dest: Path | None, limit_bytes: int) -> tuple[str, int]:
+    """Copy ``src`` to ``dest`` (None: only read it) hashing it; returns (sha256 hex, size). 413 past the limit."""
     digest, size = hashlib.sha256(), 0
-    with dest.open("wb") as out:
+    with dest.open("wb") if dest is not None else nullcontext() as out:
         while chunk := src.read(CHUNK):
             size += len(chunk)
             if size > limit_bytes:
                 raise too_large(limit_bytes)
             digest.update(chunk)
-            out.write(chunk)
+            if out is not None:
+                out.write(chunk)
     return digest.hexdigest(), size
 
 
@@ -103,28 +123,51 @@ def folder_format(members: list[str]) -> str:
     return "imagefolder" if images else "audiofolder"
 
 
-def extract_zip(archive: Path, dest: Path, limit_bytes: int) -> str:
-    """Unpack a folder zip safely into ``dest``; returns its builder (imagefolder / audiofolder)."""
+def check_zip_directory(infos: list[zipfile.ZipInfo], limit_bytes: int) -> None:
+    """Refuse, from what the central directory declares, a zip over the limits (413 naming the one that
+    tripped): called before a byte of it is written."""
+    if len(infos) > MAX_ZIP_MEMBERS:
+        raise Problem(413, f"the zip holds {len(infos)} members: a zip may hold at most {MAX_ZIP_MEMBERS}")
+    declared = sum(info.file_size for info in infos)
+    if declared > limit_bytes * ZIP_INFLATE_FACTOR:
+        raise unpacks_too_large(limit_bytes, f"the zip declares {declared / MIB:.1f} MiB unpacked")
+    for info in infos:
+        if info.file_size > ZIP_RATIO_FLOOR and info.file_size > MAX_ZIP_RATIO * max(info.compress_size, 1):
+            ratio = info.file_size // max(info.compress_size, 1)
+            raise Problem(413, f"zip member {info.filename!r} inflates {ratio} times its compressed size: "
+                               f"a member larger than {ZIP_RATIO_FLOOR // MIB} MiB may inflate at most "
+                               f"{MAX_ZIP_RATIO} times")  # fmt: skip
+
+
+def open_zip(src: BinaryIO, limit_bytes: int) -> tuple[zipfile.ZipFile, list[tuple[zipfile.ZipInfo, str]], str]:
+    """The zip in ``src``, its members to unpack with their safe paths, and its builder; everything is
+    judged from the central directory (nothing written), a Problem when the zip may not be unpacked."""
     try:
-        zf = zipfile.ZipFile(archive)
-    except zipfile.BadZipFile as exc:
+        zf = zipfile.ZipFile(src)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:  # not a zip, or a truncated one
         raise _bad_file("not a readable zip file") from exc
-    with zf:
+    try:
         infos = zf.infolist()
-        if len(infos) > MAX_ZIP_MEMBERS:
-            raise _bad_file(f"a zip may hold at most {MAX_ZIP_MEMBERS} files")
+        check_zip_directory(infos, limit_bytes)
         members = [(info, path) for info in infos if (path := _member_path(info)) is not None]
-        fmt = folder_format([path for _, path in members])
-        budget = limit_bytes * ZIP_INFLATE_FACTOR
-        for info, path in members:
-            try:
-                budget = _extract_member(zf, info, dest / path, budget)
-            # corrupt data, encryption, unknown compression, a file where a folder should be
-            except (OSError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
-                raise _bad_file(f"zip member {info.filename!r} cannot be unpacked: {exc}") from exc
-            if budget < 0:
-                raise too_large(limit_bytes)
-    return fmt
+        return zf, members, folder_format([path for _, path in members])
+    except BaseException:
+        zf.close()
+        raise
+
+
+def unpack_zip(zf: zipfile.ZipFile, members: list[tuple[zipfile.ZipInfo, str]], dest: Path, limit_bytes: int) -> None:
+    """Unpack the checked ``members`` into ``dest``, counting the real bytes: the backstop for a
+    directory that declares less than its data inflates to."""
+    budget = limit_bytes * ZIP_INFLATE_FACTOR
+    for info, path in members:
+        try:
+            budget = _extract_member(zf, info, dest / path, budget)
+        # corrupt data, encryption, unknown compression, a file where a folder should be
+        except (OSError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
+            raise _bad_file(f"zip member {info.filename!r} cannot be unpacked: {exc}") from exc
+        if budget < 0:
+            raise unpacks_too_large(limit_bytes, f"zip member {info.filename!r} unpacked past what the zip declared")
 
 
 def _extract_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, budget: int) -> int:
@@ -138,26 +181,34 @@ def _extract_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, bu
 
 
 def store_upload(src: BinaryIO, filename: str, dataset_dir: Path, data_root: Path, limit_bytes: int) -> StoredUpload:
-    """Store one upload under ``dataset_dir``; on any error nothing is left behind."""
+    """Store one upload under ``dataset_dir``; on any error nothing is left behind. A zip is checked
+    (its directory, then its size and hash) before the folder exists, and unpacked from ``src`` itself."""
     name = safe_filename(filename)
     suffix = posixpath.splitext(name)[1].lower()
     if suffix != ".zip" and suffix not in FILE_FORMATS:
         raise _bad_file(f"unsupported file type {suffix or name!r}: use .csv, .jsonl, .json, .parquet or .zip")
-    dataset_dir.mkdir(parents=True, exist_ok=False)
-    try:
+    if suffix == ".zip":
+        zf, members, fmt = open_zip(src, limit_bytes)
+        with zf:
+            src.seek(0)
+            content_hash, size = copy_limited(src, None, limit_bytes)
+            target = dataset_dir / "data"
+            dataset_dir.mkdir(parents=True, exist_ok=False)
+            try:
+                unpack_zip(zf, members, target, limit_bytes)
+            except BaseException:
+                shutil.rmtree(dataset_dir, ignore_errors=True)
+                raise
+    else:
         target = dataset_dir / name
-        content_hash, size = copy_limited(src, target, limit_bytes)
-        if suffix == ".zip":
-            folder = dataset_dir / "data"
-            fmt = extract_zip(target, folder, limit_bytes)
-            target.unlink()
-            target = folder
-        else:
-            fmt = FILE_FORMATS[suffix]
-        return StoredUpload(fmt, content_hash, size, target.relative_to(data_root).as_posix())
-    except BaseException:
-        shutil.rmtree(dataset_dir, ignore_errors=True)
-        raise
+        dataset_dir.mkdir(parents=True, exist_ok=False)
+        try:
+            content_hash, size = copy_limited(src, target, limit_bytes)
+        except BaseException:
+            shutil.rmtree(dataset_dir, ignore_errors=True)
+            raise
+        fmt = FILE_FORMATS[suffix]
+    return StoredUpload(fmt, content_hash, size, target.relative_to(data_root).as_posix())
 
 
 def save_upload(

@@ -1,6 +1,6 @@
 """Service benchmark: request rates of the API and the delay of live metrics over SSE, on PostgreSQL + Redis.
 
-One run starts the API (``trainjobs serve --workers N``, N = ``--api-workers``, on a free 127.0.0.1 port) and a worker
+One run starts the API (``trainjobs serve --api-processes N``, on a free 127.0.0.1 port) and a worker
 (``python -m worker.main``) on a fresh PostgreSQL database and an unused Redis database, then measures:
 
 1. ``POST /v1/jobs`` (a BERT-base fine-tune on a CSV under the data root, sent to a queue no worker
@@ -21,7 +21,7 @@ It prints the figures beside the goals of issue 4 and exits with 1 when a goal i
 is dropped, the Redis database flushed and every process stopped at the end, also on errors and Ctrl-C.
 The load client runs in this process, on the same cores as the service.
 
-    .venv/bin/python bench/bench_api.py [--requests 2000] [--clients 32] [--api-workers 2] [--only preflight]
+    .venv/bin/python bench/bench_api.py [--requests 2000] [--clients 32] [--api-processes 2] [--only preflight]
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def service_env(settings_env: dict[str, str]) -> dict[str, str]:
 
 
 @contextmanager
-def running_service(api_workers: int) -> Iterator[Service]:
+def running_service(api_processes: int) -> Iterator[Service]:
     """API + worker on a fresh PostgreSQL database and Redis database; everything removed afterwards."""
     tag = uuid.uuid4().hex[:10]
     home = Path(tempfile.mkdtemp(prefix=f"trainjobs-bench-{tag}-"))
@@ -166,7 +166,7 @@ def running_service(api_workers: int) -> Iterator[Service]:
 
         # The production command: on Linux one SO_REUSEPORT listener per API process (trainjobs.serving).
         start("api", [sys.executable, "-m", "trainjobs.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                      "--workers", str(api_workers), "--no-access-log"])  # fmt: skip
+                      "--api-processes", str(api_processes), "--no-access-log"])  # fmt: skip
         start("worker", [sys.executable, "-m", "worker.main", "--queues", worker_queue])
         service = Service(f"http://127.0.0.1:{port}", api_key, home, settings.data_root, worker_queue,
                           logs / "worker.log", settings.database_url)  # fmt: skip
@@ -369,7 +369,7 @@ def measure_sse(service: Service, files: dict[str, str]) -> tuple[list[float], s
 def report(loads: list[Load], delays: list[float], status: str, args: argparse.Namespace) -> bool:
     """Print the figures and the goals; True when every goal is met."""
     bare, submit, estimate = loads
-    print(f"\ntrainjobs API on PostgreSQL + Redis: {args.api_workers} API process(es), {os.cpu_count()} CPU(s), "
+    print(f"\ntrainjobs API on PostgreSQL + Redis: {args.api_processes} API process(es), {os.cpu_count()} CPU(s), "
           f"{args.clients} concurrent clients, {args.requests} requests each after {args.warmup} warm-up")  # fmt: skip
     print(f"\n{'measurement':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs bare':>9}")
     for load in loads:
@@ -400,7 +400,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests per endpoint first")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients")
     # One process per core: the handlers are CPU-bound Python; more processes only add switching.
-    parser.add_argument("--api-workers", type=int, default=2, help="API processes (trainjobs serve --workers)")
+    parser.add_argument("--api-processes", type=int, default=2, help="API processes (trainjobs serve --api-processes)")
     parser.add_argument("--preflight-runs", type=int, default=200, help="in-process preflight calls per data set")
     parser.add_argument("--only", choices=["preflight"], default=None, help="measure only this part")
     args = parser.parse_args()
@@ -411,7 +411,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, interrupted)  # clean up on SIGTERM as on Ctrl-C
     started = time.monotonic()
-    with running_service(args.api_workers) as service:
+    with running_service(args.api_processes) as service:
         print(f"service ready in {time.monotonic() - started:.1f} s", flush=True)
         preflights = measure_preflight(service.url, service.api_key, service.home, service.data_root,
                                        args.preflight_runs)  # fmt: skip

@@ -11,7 +11,7 @@ dropout 0.05, all linear layers), batch, learning rate, precision and epochs, an
   Prompt tokens are masked to -100 and batches padded by ``DataCollatorForSeq2Seq``; with packing, the
   script packs rows itself (greedy to ``max_length``, positions restarting per example) and flattens
   batches like ``DataCollatorWithFlattening``;
-- trainjobs (``trainer_core.run.run_job``, the ``trainer`` backend by default) on the same spec.
+- trainjobs (``trainer_core.run.train_job``, the ``trainer`` backend by default) on the same spec.
 
 Each pair runs without and with ``preprocessing.packing``; the goal is trainjobs >= 1.0x the script.
 
@@ -106,11 +106,11 @@ def counted_tokens(spec: dict, cache: Path) -> int:
 def run_trainjobs(spec: dict, out: Path, cache: Path) -> dict[str, float]:
     """One trainjobs run in this process; the training time from its ``done`` summary."""
     from trainer_core.events import EventCollector
-    from trainer_core.run import run_job
+    from trainer_core.run import train_job
     from trainer_core.spec import parse_spec
 
     events = EventCollector()
-    status = run_job(parse_spec(spec), out, emit=events, cache_dir=cache)
+    status = train_job(parse_spec(spec), out, emit=events, cache_dir=cache)
     summary = events.of_kind("done")[-1]["summary"]
     assert status == "succeeded", summary
     return {"runtime_s": summary["train"]["train_runtime_s"], "loss": summary["train"]["train_loss"]}

@@ -1,7 +1,7 @@
 """Event-stream bench (issue 13, P6/P7 "SSE pushed, not polled"): many SSE followers on one API process.
 
 One run creates a fresh PostgreSQL database and claims an empty Redis database, stores ``--jobs`` (50)
-running jobs, starts one API process (``trainjobs serve --workers 1``) and then, for each follower count
+running jobs, starts one API process (``trainjobs serve --api-processes 1``) and then, for each follower count
 of ``--followers`` (10, 100, 1000):
 
 1. opens that many ``GET /v1/jobs/{id}/events`` streams, spread round-robin over the jobs, each resuming
@@ -87,7 +87,7 @@ class Service:
     db_name: str
     job_ids: list[str]
     api: subprocess.Popen[bytes]
-    pid: int = 0  # the API process (`trainjobs serve --workers 1` serves in its own process)
+    pid: int = 0  # the API process (`trainjobs serve --api-processes 1` serves in its own process)
 
 
 def api_pid(serve_pid: int) -> int:
@@ -154,7 +154,7 @@ def running_api(jobs: int, max_streams: int) -> Iterator[Service]:
         with (home / "api.log").open("wb") as log:
             api = subprocess.Popen(
                 [sys.executable, "-m", "trainjobs.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                 "--workers", "1", "--no-access-log"],
+                 "--api-processes", "1", "--no-access-log"],
                 env=service_env(env_settings), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         service = Service(f"http://127.0.0.1:{port}", key, settings.database_url, db_name, job_ids, api)

@@ -87,7 +87,7 @@ def _on_cpu() -> bool:
 def run_trainjobs(backend: str, files: dict[str, str], model: str, args: argparse.Namespace, out: Path) -> dict:
     """One trainjobs run in this process; samples/s and accuracy from its ``done`` summary."""
     from trainer_core.events import EventCollector
-    from trainer_core.run import run_job
+    from trainer_core.run import train_job
     from trainer_core.spec import parse_spec
 
     spec = parse_spec({
@@ -101,7 +101,7 @@ def run_trainjobs(backend: str, files: dict[str, str], model: str, args: argpars
         "metrics": ["accuracy"],
     })  # fmt: skip
     events = EventCollector()
-    status = run_job(spec, out, emit=events)
+    status = train_job(spec, out, emit=events)
     summary = events.of_kind("done")[-1]["summary"]
     assert status == "succeeded", summary
     return {"samples_per_s": summary["train"]["train_samples_per_second"],

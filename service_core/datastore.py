@@ -28,13 +28,10 @@ from fsspec.implementations.local import LocalFileSystem
 
 from service_core.settings import Settings
 from service_core.status import ErrorReason
+from trainer_core.path_guard import under
 
 GLOB_CHARS = frozenset("*?[")
 CACHE_DIR = Path("cache") / "data"
-
-
-def under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 class DataStore:

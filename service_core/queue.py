@@ -24,6 +24,8 @@ from celery import Celery
 
 from service_core.settings import Settings, get_settings
 
+# The task's wire name, in every queued message (worker/tasks.py:handle_job_message consumes it). It
+# never changes with the Python names: a message an older API queued must still find its task.
 TASK_NAME = "trainjobs.run_job"
 # kombu's Redis transport with a reused publishing client (see service_core.redis_transport).
 REDIS_TRANSPORT = "service_core.redis_transport:Transport"

@@ -50,8 +50,8 @@ class ErrorReason(enum.StrEnum):
     out_of_memory = "out_of_memory"  # the device (or host) ran out of memory: retried smaller, then failed
     nan_loss = "nan_loss"  # the logged loss stopped being finite (trainer_core/nan_guard.py)
     cancelled = "cancelled"  # a person cancelled it, queued or running
-    shutdown_requeue = "shutdown_requeue"  # its worker shut down; it went back to the queue
-    worker_lost = "worker_lost"  # its worker or run process died: requeued while restarts last, else failed
+    shutdown_requeue = "shutdown_requeue"  # its slot shut down (its worker stopping); it went back to the queue
+    worker_lost = "worker_lost"  # its slot, host or run process was lost: requeued while restarts last, else failed
     timeout = "timeout"  # it ran past resources.max_runtime_minutes
     internal = "internal"  # anything else: a bug or an unexpected crash (the log has the traceback)
 

@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM."""
+"""Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 server; and how
+``make test`` spreads the suite over both cores (``pytest -n 2``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 # Offline before anything imports transformers/datasets: tests must never reach a hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -13,10 +15,73 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two xdist workers share two cores: one compute thread each (and for every process they start),
+    # or each torch would spin a thread per core and the two would fight over both.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
 from trainjobs.seaweedfs import SeaweedFS
+
+# How `make test` spreads the suite over both cores (``pytest -n 2``, xdist). The unit of work is a
+# module, run whole on one xdist worker, so its module-scoped fixtures (live stacks, a zygote, an
+# installed venv) start once; modules that share a session-scoped stack are one unit. Units go out
+# heaviest first, so the two workers finish together instead of one starting the fleet tests when
+# the other is done. The weights are rough seconds under `make test` (it prints the slowest tests);
+# a unit not listed weighs by whether it has slow tests.
+SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
+LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
+    f"tests/trainjobs/test_{name}.py"
+    for name in ("lean_client", "live_logs", "live_preflight_downloads", "live_service")
+)
+HEAVY_UNITS: dict[str, int] = {
+    "tests/bench/test_gpu_check_smoke.py": 300,
+    "tests/trainjobs live service": 250,
+    "tests/fleet/": 220,
+    "tests/worker/test_lease_live.py": 200,
+    "tests/worker/test_service_e2e.py": 180,
+    "tests/worker/test_restarts_and_outages.py": 170,
+    "tests/bench/test_chaos_short.py": 160,
+    "tests/trainjobs/test_dev_launcher.py": 140,
+    "tests/trainer_core/test_run_distributed.py": 130,
+    "tests/worker/test_running_cap_live.py": 115,
+    "tests/ui/": 110,
+    "tests/trainer_core/test_run_resume.py": 100,
+    "tests/worker/test_oom_retry.py": 90,
+    "tests/worker/test_forkserver.py": 75,
+}
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module, or the stack its module shares."""
+    module = nodeid.split("::", 1)[0]
+    if module in LIVE_SERVICE_MODULES:
+        return "tests/trainjobs live service"
+    return next((folder for folder in SHARED_STACK_FOLDERS if module.startswith(folder)), module)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Heaviest units first (a stable sort: each unit keeps its tests' order)."""
+    slow = {unit_of(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}
+
+    def weight(item: pytest.Item) -> tuple[int, bool]:
+        unit = unit_of(item.nodeid)
+        return -HEAVY_UNITS.get(unit, 0), unit not in slow
+
+    items.sort(key=weight)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling with :func:`unit_of` as the scope. (Not ``--dist loadgroup``: with
+    pytest 9 its ``xdist_group`` marks no longer reach the node ids, so it groups nothing.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

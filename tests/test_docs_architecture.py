@@ -1,5 +1,6 @@
 """docs/architecture.md stays true: every path it names exists, every ``file.py:name`` is defined in
-that file, and every ``name()`` in its diagrams is defined in one of the files it names."""
+that file, and every ``name()`` in its diagrams is defined in one of the files it names. Its Words
+table names each thing once, and the names that once said several things stay retired."""
 
 from __future__ import annotations
 
@@ -66,3 +67,26 @@ def test_every_call_in_the_diagrams_is_defined_in_a_file_the_doc_names() -> None
     known |= {name.rpartition(".")[2] for name in known}  # RunWatch.check_stop is written check_stop()
     unknown = sorted(set(CALL_MENTION.findall(text)) - known)
     assert not unknown, f"docs/architecture.md calls what no file it names defines: {unknown}"
+
+
+# Names that said one thing of several (issue 24), and what each thing is called now: the engine's entry
+# is train_job and the Celery task handle_job_message (its wire name stays "trainjobs.run_job"), the
+# attempt's layer execute_attempt, the run watcher's loop start_and_watch, the machine's name host_name,
+# a torchrun process a rank, the API processes' parent serve_api_processes.
+RETIRED = {"run_job", "run_claimed", "RunJobMessage", "RunWatch.run", "RunWatch.heartbeat", "worker_name",
+           "is_distributed_worker", "supervise"}  # fmt: skip
+SOURCES = ("trainer_core", "service_core", "api", "worker", "trainjobs", "tests", "bench")
+
+
+def test_the_words_table_names_each_thing() -> None:
+    section = DOC.read_text(encoding="utf-8").split("## Words", 1)[1].split("\n## ", 1)[0]
+    words = re.findall(r"^\| ([\w ]+) \| ", section, re.M)
+    assert len(words) == len(set(words)), "a word is defined twice"
+    assert {"job", "attempt", "worker", "slot", "run", "supervisor", "rank", "API process", "host"} <= set(words)
+
+
+def test_retired_names_are_defined_nowhere() -> None:
+    paths = [path for package in SOURCES for path in sorted((REPO / package).rglob("*.py"))]
+    found = [f"{path.relative_to(REPO)}: {name}" for path in paths for name in sorted(defined_names(path) & RETIRED)]
+    assert not found, "a retired name is back:\n" + "\n".join(found)
+    assert not (REPO / "trainer_core" / "oom_retry.py").exists()  # now memory/planner.py and oom_fault.py

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, Event, EventSink, make_event, stream_sink
+from trainer_core.path_guard import add_reach_arguments, check_reach, reach_from
 from trainer_core.spec import SpecError, load_spec_file
 
 
@@ -71,13 +72,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--stop-file", type=Path, help="stop gracefully once this file exists")
     parser.add_argument("--cache-dir", type=Path, help="preprocessed-data cache (default: none)")
+    add_reach_arguments(parser)
 
 
 def run_train(args: argparse.Namespace) -> int:
     """Validate the spec, preflight it, train it, and map the outcome to an exit status."""
     from trainer_core.failures import failure_summary
     from trainer_core.preflight import preflight
-    from trainer_core.run import run_job  # torch loads here, not when the CLI builds its parser
+    from trainer_core.run import train_job  # torch loads here, not when the CLI builds its parser
 
     try:
         spec = load_spec_file(args.spec)
@@ -88,16 +90,19 @@ def run_train(args: argparse.Namespace) -> int:
         return EXIT_INVALID_SPEC
     bar = None if args.jsonl else ProgressBar()
     sink: EventSink = stream_sink(sys.stdout) if bar is None else bar
+    reach = reach_from(args)
     try:
         # The checks a submit makes, before any model is built (data may have changed since); a failure
-        # ends the run as run_job would, with a done event naming the reason.
+        # ends the run as train_job would, with a done event naming the reason. Paths first: preflight
+        # reads them.
+        check_reach(spec, reach)
         preflight(spec)
     except SpecError as exc:
         sink(make_event("done", status="failed", summary=failure_summary(exc)))
         return print_spec_errors(exc)
     try:
-        status = run_job(spec, args.output_dir, emit=sink, resume=args.resume,
-                         stop_file=args.stop_file, cache_dir=args.cache_dir)
+        status = train_job(spec, args.output_dir, emit=sink, resume=args.resume,
+                           stop_file=args.stop_file, cache_dir=args.cache_dir, reach=reach)
     except SpecError as exc:
         return print_spec_errors(exc)
     finally:

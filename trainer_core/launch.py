@@ -1,7 +1,7 @@
 """Several processes: run the same job under torchrun and relay rank 0's events to the caller.
 
 ``run_distributed`` starts ``python -m torch.distributed.run --nproc_per_node N -m trainer_core.rank_entry``;
-each worker (:mod:`trainer_core.rank_entry`) calls :func:`trainer_core.run.run_job` (gloo on CPU, nccl on
+each rank (:mod:`trainer_core.rank_entry`) calls :func:`trainer_core.run.train_job` (gloo on CPU, nccl on
 GPU, chosen by accelerate) and rank 0 prints its events as JSON lines, which the parent parses and forwards.
 This module does not import :mod:`trainer_core.run` (which imports it), so the two form no circle.
 """
@@ -17,13 +17,15 @@ import threading
 from pathlib import Path
 
 from trainer_core.events import Event, EventSink, RunStatus, make_event, parse_event_line
+from trainer_core.path_guard import Reach
 from trainer_core.spec import FieldError, JobSpec, SpecError
 
 logger = logging.getLogger(__name__)
 
 
 def torchrun_command(
-    spec_path: Path, output_dir: Path, nproc: int, *, resume: bool, stop_file: Path | None, cache_dir: Path | None
+    spec_path: Path, output_dir: Path, nproc: int, *, resume: bool, stop_file: Path | None, cache_dir: Path | None,
+    reach: Reach | None = None,
 ) -> list[str]:
     """The torchrun command line for one job (``--standalone``: a free local rendezvous port)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -34,6 +36,8 @@ def torchrun_command(
         cmd += ["--stop-file", str(stop_file)]
     if cache_dir is not None:
         cmd += ["--cache-dir", str(cache_dir)]
+    if reach is not None:  # each rank opens the data and the model itself: each checks the paths again
+        cmd += reach.args()
     return cmd
 
 
@@ -52,18 +56,19 @@ def run_distributed(
     resume: bool = False,
     stop_file: Path | None = None,
     cache_dir: Path | None = None,
+    reach: Reach | None = None,
 ) -> RunStatus:
     """Run ``spec`` on ``spec.resources.num_processes`` local processes; returns rank 0's status."""
     output_dir.mkdir(parents=True, exist_ok=True)
     spec_path = output_dir / "spec.json"
     spec_path.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
     cmd = torchrun_command(spec_path, output_dir, spec.resources.num_processes,
-                           resume=resume, stop_file=stop_file, cache_dir=cache_dir)
+                           resume=resume, stop_file=stop_file, cache_dir=cache_dir, reach=reach)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     previous = None
     if threading.current_thread() is threading.main_thread():
-        # torchrun passes SIGTERM on to its workers, which stop after their current step.
+        # torchrun passes SIGTERM on to its ranks, which stop after their current step.
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
     done: Event | None = None
     try:
@@ -71,7 +76,7 @@ def run_distributed(
         for line in proc.stdout:
             event = parse_event_line(line)
             if event is None:
-                logger.debug("worker: %s", line.rstrip())
+                logger.debug("rank: %s", line.rstrip())
                 continue
             if event["event"] == "done":
                 done = event
@@ -80,7 +85,7 @@ def run_distributed(
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if proc.poll() is None:  # the caller was interrupted: do not leave workers behind
+        if proc.poll() is None:  # the caller was interrupted: do not leave ranks behind
             proc.terminate()
             try:
                 proc.wait(timeout=30)

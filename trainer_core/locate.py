@@ -11,10 +11,12 @@ import os
 from pathlib import Path
 
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, PretrainedConfig
 
 from trainer_core.modeling import MODEL_CLASSES, config_from_dict
+from trainer_core.path_guard import os_problem
 from trainer_core.spec import TEXT_TASKS, FieldError, JobSpec
 
 HUB_TIMEOUT_S = 3.0
@@ -35,7 +37,10 @@ def hub_offline() -> bool:
 
 
 def _is_local(source: str) -> bool:
-    return source.startswith(("/", ".", "~")) or Path(source).exists()
+    try:
+        return source.startswith(("/", ".", "~")) or Path(source).exists()
+    except OSError:  # a name the OS refuses to look up (too long, a loop of links) is a path, not a hub id
+        return True
 
 
 class _Source:
@@ -64,10 +69,18 @@ class _Source:
     def exists(self) -> bool:
         """The folder exists, or the hub id is cached or (online) known to the hub; else an error."""
         if self.kind == "local":
+            if problem := os_problem(str(Path(self.source).expanduser())):
+                self.fail(f"{self.source}: {problem}")
+                return False
             if not Path(self.source).expanduser().is_dir():
                 self.fail(f"no folder {self.source}")
                 return False
             return True
+        try:
+            validate_repo_id(self.source)
+        except HFValidationError as exc:  # the hub client raises it from every lookup of such a name
+            self.fail(f"{self.source!r} is neither a folder nor a hub id: {str(exc).split(':')[0]}")
+            return False
         if self.find(("config.json", *TOKENIZER_FILES, *PROCESSOR_FILES)) is not None:
             self.kind = "hub-cache"
             return True

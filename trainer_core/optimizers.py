@@ -256,13 +256,13 @@ class OptimizerSpec(StrictModel):
     name: OptimizerName = "adamw"
     adam_beta1: float = Field(default=0.9, ge=0, lt=1)
     adam_beta2: float = Field(default=0.999, ge=0, lt=1)
-    adam_epsilon: float = Field(default=1e-8, gt=0)
+    adam_epsilon: float = Field(default=1e-8, gt=0, le=1)
     amsgrad: bool = False
     adafactor_beta1: float | None = Field(
         default=None, ge=0, lt=1, description="Adafactor keeps a first moment only when this is set."
     )
-    adafactor_decay_rate: float = Field(default=-0.8, lt=0)
-    adafactor_clip_threshold: float = Field(default=1.0, gt=0)
+    adafactor_decay_rate: float = Field(default=-0.8, ge=-10, lt=0)
+    adafactor_clip_threshold: float = Field(default=1.0, gt=0, le=1e6)
     adafactor_scale_parameter: bool = False
     adafactor_relative_step: bool = False
 

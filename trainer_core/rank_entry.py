@@ -1,4 +1,4 @@
-"""Entry point of each torchrun worker: ``python -m trainer_core.rank_entry SPEC --output-dir DIR``.
+"""Entry point of each torchrun rank: ``python -m trainer_core.rank_entry SPEC --output-dir DIR``.
 
 :func:`trainer_core.launch.run_distributed` starts one per process. Every rank runs the job; only
 rank 0 prints events (JSON lines on stdout), which the launching process relays.
@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, stream_sink
-from trainer_core.run import run_job
+from trainer_core.path_guard import add_reach_arguments, reach_from
+from trainer_core.run import train_job
 from trainer_core.spec import SpecError, load_spec_file
 
 
@@ -26,12 +27,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-file", type=Path)
     parser.add_argument("--cache-dir", type=Path)
+    add_reach_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     emit = stream_sink(sys.stdout) if int(os.environ.get("RANK", "0")) == 0 else None
     try:
-        status = run_job(load_spec_file(args.spec), args.output_dir, emit=emit, resume=args.resume,
-                         stop_file=args.stop_file, cache_dir=args.cache_dir)
+        status = train_job(load_spec_file(args.spec), args.output_dir, emit=emit, resume=args.resume,
+                           stop_file=args.stop_file, cache_dir=args.cache_dir, reach=reach_from(args))
     except SpecError:
         return EXIT_INVALID_SPEC
     return RUN_EXIT_CODES[status]

@@ -1,4 +1,5 @@
-"""``run_job``: the one public entry to training, used by the CLI, the worker and library callers.
+"""``train_job``: the one public entry to training, used by the CLI (so by every run the worker starts),
+each torchrun rank, and library callers.
 
 It validates what only a live machine can check, prepares data, picks the backend, and always ends
 with a ``done`` event, whatever happened. Several processes are handed to :mod:`trainer_core.launch`.
@@ -19,21 +20,22 @@ from trainer_core.deadline import deadline_guard
 from trainer_core.events import Event, EventSink, RunStatus, make_event
 from trainer_core.failures import failure_reason, failure_summary
 from trainer_core.nan_guard import nan_guard
-from trainer_core.oom_retry import install_oom_fault
+from trainer_core.oom_fault import install_oom_fault
+from trainer_core.path_guard import Reach, check_reach
 from trainer_core.spec import FieldError, JobSpec, SpecError, untrainable_errors
 from trainer_core.stopping import StopSignal
 
 logger = logging.getLogger(__name__)
 # Re-exported: callers (the CLI, launch) know them as run.failure_reason/failure_summary.
-__all__ = ["check_runnable", "failure_reason", "failure_summary", "run_job"]
+__all__ = ["check_runnable", "failure_reason", "failure_summary", "train_job"]
 
 
 def _discard(event: Event) -> None:
     """The sink of processes other than the main one: only rank 0 speaks."""
 
 
-def is_distributed_worker() -> bool:
-    """True inside a process that torchrun started as one of several."""
+def is_distributed_rank() -> bool:
+    """True inside a process that torchrun started as one rank of several."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
@@ -81,7 +83,8 @@ def _resume_point(spec: JobSpec, output_dir: Path, resume: bool) -> Path | None:
 
 
 def _train(
-    spec: JobSpec, output_dir: Path, emit: EventSink, stop: StopSignal, resume: bool, cache_dir: Path | None
+    spec: JobSpec, output_dir: Path, emit: EventSink, stop: StopSignal, resume: bool, cache_dir: Path | None,
+    reach: Reach | None,
 ) -> tuple[RunStatus, dict[str, Any]]:
     from accelerate import PartialState
 
@@ -92,8 +95,12 @@ def _train(
     # cpu=True is what makes accelerate treat torchrun processes on a CPU-only machine as one gloo group.
     state = PartialState(cpu=not torch.cuda.is_available())
     resume_from = _resume_point(spec, output_dir, resume)
+    # Each location is checked again as it is opened (trainer_core/path_guard.py): the data, tokenizer and
+    # processor now, the model once the data is ready (preprocessing may take long enough for a swap).
+    check_reach(spec, reach)
     with state.main_process_first():  # rank 0 fills the preprocessing cache, the others reuse it
         data = prepare_data(spec, cache_dir)
+    check_reach(spec, reach, ("model",))
     ctx = RunContext(spec=spec, output_dir=output_dir, data=data, emit=emit, stop=stop, resume_from=resume_from)
     result = run_backend(ctx)
     summary: dict[str, Any] = {
@@ -108,7 +115,7 @@ def _train(
     return result.status, summary
 
 
-def run_job(
+def train_job(
     spec: JobSpec,
     output_dir: Path,
     *,
@@ -116,11 +123,13 @@ def run_job(
     resume: bool = False,
     stop_file: Path | None = None,
     cache_dir: Path | None = None,
+    reach: Reach | None = None,
 ) -> RunStatus:
     """Train ``spec`` into ``output_dir`` and return how it ended; always emits a final ``done`` event.
 
     Raises :class:`SpecError` (after the ``done`` event) for a spec this machine cannot run, so the
     CLI can name the field; every other failure is reported as status ``failed`` with a reason.
+    ``reach``: the local paths the run may read (a service's run; None: any).
     """
     sink = emit or _discard
     output_dir = Path(output_dir)
@@ -129,23 +138,23 @@ def run_job(
     except SpecError as exc:
         sink(make_event("done", status="failed", summary=failure_summary(exc)))
         raise
-    if spec.resources.num_processes > 1 and not is_distributed_worker():
+    if spec.resources.num_processes > 1 and not is_distributed_rank():
         from trainer_core.launch import run_distributed
 
         return run_distributed(
-            spec, output_dir, emit=sink, resume=resume, stop_file=stop_file, cache_dir=cache_dir
+            spec, output_dir, emit=sink, resume=resume, stop_file=stop_file, cache_dir=cache_dir, reach=reach
         )
     install_oom_fault()  # a testing aid; does nothing unless its environment setting is present
     main = int(os.environ.get("RANK", "0")) == 0
     guarded = deadline_guard(nan_guard(sink, spec.training.nan_patience), spec.resources.max_runtime_minutes)
     gated = guarded if main else _discard
     output_dir.mkdir(parents=True, exist_ok=True)
-    if not is_distributed_worker():
+    if not is_distributed_rank():
         _reset_accelerate_state()
     status: RunStatus = "failed"
     try:
         with StopSignal(stop_file) as stop:
-            status, summary = _train(spec, output_dir, gated, stop, resume, cache_dir)
+            status, summary = _train(spec, output_dir, gated, stop, resume, cache_dir, reach)
     except SpecError as exc:
         gated(make_event("done", status="failed", summary=failure_summary(exc)))
         raise

@@ -11,7 +11,7 @@ puts such errors at the location of the model that checked them, so :func:`spec_
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -118,7 +118,7 @@ class PreprocessingSpec(StrictModel):
 
 class TrainingSpec(StrictModel):
     backend: Backend = "trainer"
-    num_train_epochs: float = Field(default=3.0, gt=0)
+    num_train_epochs: float = Field(default=3.0, gt=0, le=100_000)
     max_steps: int = Field(default=-1, ge=-1, description="If > 0, overrides num_train_epochs.")
     per_device_train_batch_size: int = Field(default=8, ge=1, le=65536)
     per_device_eval_batch_size: int = Field(default=8, ge=1, le=65536)
@@ -127,7 +127,7 @@ class TrainingSpec(StrictModel):
     lr_scheduler_type: SchedulerName = "linear"
     warmup_ratio: float = Field(default=0.0, ge=0, le=1)
     warmup_steps: int = Field(default=0, ge=0)
-    max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
+    max_grad_norm: float = Field(default=1.0, ge=0, le=1e6, description="0 disables clipping.")
     seed: int = 42
     logging_steps: int = Field(default=10, ge=1)
     eval_strategy: EvalStrategy = "epoch"
@@ -167,8 +167,8 @@ class ResourcesSpec(StrictModel):
     )
     max_restarts: int = Field(
         default=2, ge=0, le=20,
-        description="Restarts after an infrastructure failure (the run process killed by a signal, its worker "
-        "lost), each resuming from the newest complete checkpoint, or from step 0 when there is none yet. A user "
+        description="Restarts after an infrastructure failure (the run process killed by a signal, its slot or "
+        "host lost), each resuming from the newest complete checkpoint, or from step 0 when there is none yet. A user "
         "error (bad data, bad spec, NaN) never restarts.",
     )  # fmt: skip
     max_oom_retries: int = Field(
@@ -176,7 +176,7 @@ class ResourcesSpec(StrictModel):
         "configuration of the same effective batch (0: fail at once)."
     )
     max_runtime_minutes: float | None = Field(
-        default=None, gt=0, description="Stop the run with reason timeout once it has trained this long."
+        default=None, gt=0, le=1_000_000, description="Stop the run with reason timeout once it has trained this long."
     )
 
 
@@ -215,6 +215,19 @@ class JobSpec(StrictModel):
                 "adapter.compute_dtype", f"must match efficiency.mixed_precision ({mixed!r}): autocast sets the dtype"
             )
         return self
+
+
+def data_file_entries(value: Any, field: str = "dataset.data_files") -> Iterator[tuple[str, str]]:
+    """``(field, location)`` for each string of a ``data_files`` value (a string, a list, or splits of
+    either), the field its dotted path (``dataset.data_files.train.0``)."""
+    if isinstance(value, str):
+        yield field, value
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from data_file_entries(item, f"{field}.{i}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from data_file_entries(item, f"{field}.{key}")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class AdapterSpec(StrictModel):
 
     type: AdapterType
     r: int = Field(default=16, ge=1, le=4096, description="LoRA rank.")
-    alpha: float = Field(default=32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    alpha: float = Field(default=32.0, gt=0, le=65536, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(default=0.05, ge=0, lt=1)
     target_modules: Literal["all-linear"] | list[str] = Field(
         default="all-linear",

@@ -14,6 +14,7 @@ def combination_error(field: str, message: str) -> PydanticCustomError:
 
 
 class StrictModel(BaseModel):
-    """A spec section: unknown fields are rejected, never silently ignored."""
+    """A spec section: unknown fields are rejected, never silently ignored. Every number is finite (JSON's
+    ``1e400`` and ``Infinity``, YAML's ``.inf``): an infinite epoch count crashed the run with OverflowError."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)

@@ -6,6 +6,10 @@
         print(event.event, event.data)
 
 Every error answer of the API becomes an :class:`ApiError` carrying its problem+json body.
+
+A submit (:meth:`Client.submit`, :meth:`Client.upload_dataset`) carries one ``Idempotency-Key`` for all
+its tries and is sent again after a connection error or a 502/503/504: the service answers a repeated
+key with the first answer, so a retry of a submit whose answer was lost never creates a second job.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import logging
 import os
 import time
+import uuid
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -37,6 +42,8 @@ TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 JsonObject = dict[str, Any]
 JsonList = list[JsonObject]
 Item = TypeVar("Item")
+# Answers after which a submit is sent again (with its key): a proxy's or the service's "try later".
+RETRY_STATUSES = frozenset({502, 503, 504})
 # What a stream's read timeout means (Client._resuming): the end, a dead connection, or a quiet job.
 Quiet = Literal["end", "drop", "ask again"]
 
@@ -151,6 +158,29 @@ class Client:
     def _json(self, method: str, url: str, **kwargs: Any) -> Any:
         return self._request(method, url, **kwargs).json()
 
+    def _create(self, url: str, key: str | None, **kwargs: Any) -> Any:
+        """POST a submit until it is answered, every try with the same ``Idempotency-Key`` (a new one
+        unless given): after a connection error or a 502/503/504 it is sent again, 0.25 s later, doubling
+        up to 5 s, for up to ``retry_max_s``."""
+        headers = {"Idempotency-Key": key or uuid.uuid4().hex}
+        delay, started = 0.25, time.monotonic()
+        while True:
+            try:
+                response = self._http.request("POST", url, headers=headers, **kwargs)
+            except httpx.TransportError as exc:
+                failure: TrainjobsError = ConnectionFailed(f"cannot reach {self.base_url}: {exc}")
+                log.debug("submit to %s failed (%s); sending it again", url, exc)
+            else:
+                if response.status_code < 400:
+                    return response.json()
+                failure = ApiError.from_response(response)
+                if response.status_code not in RETRY_STATUSES:
+                    raise failure
+            if time.monotonic() - started > self.retry_max_s:
+                raise failure
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     # jobs
     def submit(
         self,
@@ -159,18 +189,23 @@ class Client:
         queue: str | None = None,
         *,
         dry_run: bool = False,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Submit a job (the spec plus optional priority and queue); returns the created job.
 
         ``dry_run``: the service runs its checks (preflight, estimate) and returns the report, storing nothing.
+        A submit is retried safely (see the module docstring); ``idempotency_key`` makes several calls one
+        submit (default: a new key per call).
         """
         body = spec_payload(spec)
         if priority is not None:
             body["priority"] = priority
         if queue is not None:
             body["queue"] = queue
-        params = {"dry_run": "true"} if dry_run else None
-        result: dict[str, Any] = self._json("POST", "/v1/jobs", json=body, params=params)
+        if dry_run:
+            report: dict[str, Any] = self._json("POST", "/v1/jobs", json=body, params={"dry_run": "true"})
+            return report
+        result: dict[str, Any] = self._create("/v1/jobs", idempotency_key, json=body)
         return result
 
     def get(self, job_id: str) -> dict[str, Any]:
@@ -404,16 +439,19 @@ class Client:
     def catalog(self) -> Any:
         return self._json("GET", "/v1/models/catalog")
 
-    def upload_dataset(self, path: str | Path, name: str | None = None) -> dict[str, Any]:
-        """Upload a CSV / JSON lines / Parquet file, or a folder (zipped here) of images or audio."""
+    def upload_dataset(
+        self, path: str | Path, name: str | None = None, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Upload a CSV / JSON lines / Parquet file, or a folder (zipped here) of images or audio; retried
+        safely like :meth:`submit`."""
         source = Path(path)
         if source.is_dir():
             filename, content = f"{source.name}.zip", zip_folder(source)
         else:
             filename, content = source.name, source.read_bytes()
         data = {"name": name} if name else None
-        result: dict[str, Any] = self._json(
-            "POST", "/v1/datasets", files={"file": (filename, content)}, data=data, timeout=None
+        result: dict[str, Any] = self._create(
+            "/v1/datasets", idempotency_key, files={"file": (filename, content)}, data=data, timeout=None
         )
         return result
 

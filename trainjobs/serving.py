@@ -1,4 +1,4 @@
-"""``trainjobs serve --workers N``: N API processes, each listening on a SO_REUSEPORT socket of its own.
+"""``trainjobs serve --api-processes N``: N API processes, each listening on a SO_REUSEPORT socket of its own.
 
 uvicorn's own ``--workers N`` shares one listening socket between its processes, and a connection goes
 to whichever process is waiting in accept() when it arrives. Clients keep their connections open, so
@@ -7,10 +7,10 @@ serving them on one core while the other idled, and the submit p99 doubled. With
 process listens on its own socket bound to the same address, and Linux spreads new connections over
 them by a hash of the address pair (32 connections split 17/15 to 20/12 in practice).
 
-The parent here only starts, watches and stops the processes: one that dies is started again, unless it
-exited with an error status within :data:`FAST_EXIT_S` of starting (the port is taken, the configuration
-is wrong) or died that soon :data:`MAX_QUICK_DEATHS` times in a row, which stops everything with exit
-status 1. SIGTERM or SIGINT to the parent stops the children
+The parent here (:func:`serve_api_processes`) only starts, watches and stops the processes: one that
+dies is started again, unless it exited with an error status within :data:`FAST_EXIT_S` of starting
+(the port is taken, the configuration is wrong) or died that soon :data:`MAX_QUICK_DEATHS` times in a
+row, which stops everything with exit status 1. SIGTERM or SIGINT to the parent stops the children
 gracefully (uvicorn finishes the requests in flight); each child runs in its own session, so a Ctrl-C
 in a terminal reaches them once, through the parent.
 """
@@ -62,7 +62,7 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 
 
 def serve_one(host: str, port: int, *, access_log: bool) -> None:
-    """One API process on its own SO_REUSEPORT listener (a child of :func:`supervise`)."""
+    """One API process on its own SO_REUSEPORT listener (a child of :func:`serve_api_processes`)."""
     import uvicorn
 
     from service_core.logging import configure_logging
@@ -82,10 +82,10 @@ def child_command(host: str, port: int, *, access_log: bool) -> list[str]:
     return command if access_log else [*command, "--no-access-log"]
 
 
-def supervise(host: str, port: int, workers: int, *, access_log: bool = True) -> int:
-    """Run ``workers`` API processes on ``host:port`` until SIGTERM or SIGINT; the exit status."""
+def serve_api_processes(host: str, port: int, processes: int, *, access_log: bool = True) -> int:
+    """Keep ``processes`` API processes serving ``host:port`` until SIGTERM or SIGINT; the exit status."""
     if port == 0:
-        raise ValueError("--port 0 with several workers would give each its own port: name one")
+        raise ValueError("--port 0 with several API processes would give each its own port: name one")
     stop_signal: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -98,9 +98,9 @@ def supervise(host: str, port: int, workers: int, *, access_log: bool = True) ->
         return spawn_child(command), time.monotonic()
 
     status = 0
-    children = [start() for _ in range(workers)]
-    quick_deaths = [0] * workers  # deaths in a row within FAST_EXIT_S of starting, per slot
-    log.info("serving on %s:%d with %d processes (SO_REUSEPORT)", host, port, workers)
+    children = [start() for _ in range(processes)]
+    quick_deaths = [0] * processes  # deaths in a row within FAST_EXIT_S of starting, per child
+    log.info("serving on %s:%d with %d processes (SO_REUSEPORT)", host, port, processes)
     try:
         while not stop_signal and status == 0:
             time.sleep(WATCH_INTERVAL_S)
@@ -126,7 +126,7 @@ def supervise(host: str, port: int, workers: int, *, access_log: bool = True) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="One API process of `trainjobs serve --workers N`.")
+    parser = argparse.ArgumentParser(description="One API process of `trainjobs serve --api-processes N`.")
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--no-access-log", dest="access_log", action="store_false")

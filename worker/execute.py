@@ -1,4 +1,4 @@
-"""What a worker does with one job id: claim it, run it, record how it ended, store its artifacts.
+"""What a slot does with one job id: claim it, execute the attempt, record how it ended, store its artifacts.
 
 Plain functions (the Celery task only calls :func:`execute_job`), so tests and the dev launcher run
 them without a broker. The claim is a compare-and-set ``queued -> running``: a redelivered message
@@ -28,12 +28,13 @@ from service_core.runs import RUN_LOG_NAME
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX
+from trainer_core.path_guard import Reach
 from worker.checkpoint_sync import resume_phrase, start_uploader
 from worker.db_retry import retry_database
 from worker.lease import LeaseKeeper
 from worker.oom_retry import retry_after_oom
 from worker.outcome import RunOutcome
-from worker.paths import RunPaths, run_paths, worker_name
+from worker.paths import RunPaths, host_name, run_paths, run_reach
 from worker.recovery import requeue_or_fail
 from worker.restarts import RESTARTABLE, max_restarts, prepare_resume, restarts_used
 from worker.running_cap import hold, lock_owner_claims, resend_waiting, running_count, waiting_message
@@ -41,6 +42,8 @@ from worker.supervisor import supervise_run
 
 log = logging.getLogger(__name__)
 
+# A claimed attempt: its number (the fencing token), the job's spec and estimate, what its run may read.
+Claimed = tuple[int, dict[str, Any], dict[str, Any] | None, Reach]
 # How long a claim waits for an unavailable database before the delivery is given up (the job stays
 # queued; the sweep sends it again).
 CLAIM_BUDGET_S = 60.0
@@ -56,7 +59,7 @@ def session_factory(settings: Settings) -> Callable[[], Any]:
 
 
 def claim_job(session: Session, job_id: str, lease_s: float = 60.0, max_running: int = 0) -> int | None:
-    """Move a queued job to running for this worker process, with a lease of ``lease_s``.
+    """Move a queued job to running for this slot (its host and pid), with a lease of ``lease_s``.
 
     Returns the attempt number it claimed (the fencing token of every later write), or None when
     the job is not queued any more, or when its owner already runs ``max_running`` jobs (0: no cap):
@@ -65,7 +68,7 @@ def claim_job(session: Session, job_id: str, lease_s: float = 60.0, max_running:
     owner = lock_owner_claims(session, job_id) if max_running > 0 else None
     moved = transition(
         session, job_id, JobStatus.running, expect=JobStatus.queued, attempts=Job.attempts + 1,
-        worker=worker_name(), pid=os.getpid(), lease_expires_at=utcnow() + timedelta(seconds=lease_s),
+        worker=host_name(), pid=os.getpid(), lease_expires_at=utcnow() + timedelta(seconds=lease_s),
         waiting_reason=None,
     )  # fmt: skip
     if not moved:
@@ -91,16 +94,18 @@ def final_metrics(summary: dict[str, Any], latest: dict[str, Any] | None) -> dic
 
 
 def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bool] = lambda: False) -> str | None:
-    """Claim and run one job to its end; returns the status it ended in, or None when not claimed.
+    """Claim one job and execute the attempt to its end; returns the status it ended in, or None when
+    not claimed.
 
-    ``should_stop`` is the worker shutting down: the run checkpoints and the job goes back to the
-    queue (``running -> queued``) to resume on the next worker, instead of being cancelled.
+    ``should_stop`` is the slot shutting down (its worker stopping): the run checkpoints and the job
+    goes back to the queue (``running -> queued``) to resume on the next slot, instead of being
+    cancelled.
     """
     claimed = retry_database(lambda: claim(job_id, settings), f"job {job_id}: claim", CLAIM_BUDGET_S)
     if claimed is None:
         return None
     try:
-        return run_claimed(job_id, settings, claimed, should_stop)
+        return execute_attempt(job_id, settings, claimed, should_stop)
     finally:
         if settings.max_running_per_owner > 0:  # a place under the cap may be free: send who waits for it
             try:
@@ -123,13 +128,13 @@ def fetch_run_data(job_id: str, settings: Settings, spec: dict[str, Any], attemp
         lease.stop()
 
 
-def run_claimed(
-    job_id: str, settings: Settings, claimed: tuple[int, dict[str, Any], dict[str, Any] | None],
-    should_stop: Callable[[], bool],
-) -> str | None:  # fmt: skip
-    """Run a claimed job (its attempt, spec and estimate) and record how it ended (see execute_job)."""
-    attempt, spec, estimate = claimed
-    paths = run_paths(job_id, settings)
+def execute_attempt(
+    job_id: str, settings: Settings, claimed: Claimed, should_stop: Callable[[], bool]
+) -> str | None:
+    """Carry out a claimed attempt (its number, spec, estimate and reach): fetch the data, supervise the
+    run, then record how it ended or requeue the job (see execute_job)."""
+    attempt, spec, estimate, reach = claimed
+    paths = run_paths(job_id, settings, reach)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     local_spec = fetch_run_data(job_id, settings, spec, attempt)
     if isinstance(local_spec, RunOutcome):  # a data file or model folder on the store could not be fetched
@@ -152,7 +157,7 @@ def run_claimed(
     except Exception as exc:
         log.exception("job %s: supervising the run failed", job_id)
         outcome = RunOutcome(JobStatus.failed, ErrorReason.internal,
-                             f"the worker failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
+                             f"the slot failed supervising the run: {type(exc).__name__}: {exc}")  # fmt: skip
     finally:
         if uploader is not None:  # under the lease: the last checkpoint is stored before any requeue
             uploader.finish(abort=lease.fenced.is_set())
@@ -177,8 +182,9 @@ def run_claimed(
     return retry_database(lambda: record_outcome(job_id, settings, outcome, attempt), f"job {job_id}: outcome")
 
 
-def claim(job_id: str, settings: Settings) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
-    """Claim the job; its attempt, spec and estimate, or None when this delivery is not the one to run it."""
+def claim(job_id: str, settings: Settings) -> Claimed | None:
+    """Claim the job; its attempt, spec, estimate and what its run may read, or None when this delivery
+    is not the one to run it."""
     with session_scope(settings.database_url) as session:
         attempt = claim_job(session, job_id, settings.lease_seconds, settings.max_running_per_owner)
         if attempt is None:
@@ -186,7 +192,7 @@ def claim(job_id: str, settings: Settings) -> tuple[int, dict[str, Any], dict[st
             log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)
             return None
         job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        return attempt, dict(job.spec), job.estimate
+        return attempt, dict(job.spec), job.estimate, run_reach(settings, job.owner, job.reads_all_uploads)
 
 
 def restart(
@@ -207,11 +213,11 @@ def restart(
     if used >= budget:
         outcome.message = f"{outcome.message} (no restarts left: resources.max_restarts is {budget})"
         return False
-    start = resume_phrase(settings, job_id, paths.output_dir)
-    message = f"{outcome.message}; restarting {start}, restart {used + 1} of {budget}"
-    status = requeue_or_fail(job_id, settings, may_requeue=True, message=message,
+    resume = f"restarting {resume_phrase(settings, job_id, paths.output_dir)}, restart {used + 1} of {budget}"
+    status = requeue_or_fail(job_id, settings, may_requeue=True, message=outcome.message or "", resume=resume,
                              requeue_reason=ErrorReason.worker_lost, attempt=attempt)  # fmt: skip
-    log.warning("job %s: %s", job_id, message)
+    if status == JobStatus.queued.value:
+        log.warning("job %s: %s; %s", job_id, outcome.message, resume)
     return status == JobStatus.queued.value
 
 
@@ -239,14 +245,13 @@ def record_outcome(job_id: str, settings: Settings, outcome: RunOutcome, attempt
 def requeue_after_shutdown(
     job_id: str, settings: Settings, paths: RunPaths, outcome: RunOutcome, attempt: int | None = None
 ) -> str:
-    """The worker is stopping: put the job back to resume from its checkpoint, or from the start when it
-    has none yet. A stop is no fault of the job's (a deploy, or the worker's main process gone), so it
-    spends none of its restarts; failing it lost every job that had not reached its first checkpoint
-    (the chaos bench, R9: the worker main killed while runs were still loading their model)."""
-    start = resume_phrase(settings, job_id, paths.output_dir)
-    status = requeue_or_fail(job_id, settings, may_requeue=True,
-                             message=f"the worker shut down while the job ran; it runs again {start}",
-                             requeue_reason=ErrorReason.shutdown_requeue, attempt=attempt)  # fmt: skip
+    """The slot is stopping: put the job back to resume from its checkpoint, or from the start when it
+    has none yet. A stop is no fault of the job's (a deploy, or the worker process gone), so it spends
+    none of its restarts; failing it lost every job that had not reached its first checkpoint (the
+    chaos bench, R9: the worker process killed while runs were still loading their model)."""
+    resume = f"it runs again {resume_phrase(settings, job_id, paths.output_dir)}"
+    status = requeue_or_fail(job_id, settings, may_requeue=True, message="the worker shut down while the job ran",
+                             resume=resume, requeue_reason=ErrorReason.shutdown_requeue, attempt=attempt)  # fmt: skip
     if status != JobStatus.queued.value:
         store_artifacts(job_id, settings, paths)
     return status

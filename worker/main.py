@@ -26,7 +26,7 @@ from sqlalchemy import make_url
 
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
-from worker.paths import worker_name
+from worker.paths import host_name
 from worker.processes import on_stop_signals, spawn_child, stop_processes
 from worker.sweeper import Sweeper, sweep
 
@@ -127,7 +127,7 @@ def run_worker(
             signal.signal(sig, handler)
         return 0
     procs = start_slots(queues, gpus, settings, loglevel)
-    sweeper = Sweeper(settings, queues, f"{worker_name()}-{os.getpid()}")
+    sweeper = Sweeper(settings, queues, f"{host_name()}-{os.getpid()}")
     sweeper.slot_pids = [p.pid for p in procs]
     try:
         while not stopping and all(p.poll() is None for p in procs):

@@ -2,10 +2,11 @@
 
 The attempt that ran out is recorded as a ``retry`` event (its step, micro-batch, accumulation, the
 estimate and the measured peak when known, and the changes for the next attempt), which SSE and
-polling show like any other event. The job's stored spec takes the changes and the job goes back to
-the queue (``running -> queued``); the next run resumes from the newest checkpoint when there is one.
-After ``resources.max_oom_retries`` retries, or when no smaller configuration is left, the job fails
-with reason ``out_of_memory`` and the retries it made in its message.
+polling show like any other event. The job's stored spec takes the changes (the planner's ladder,
+:func:`trainer_core.memory.planner.next_oom_changes`) and the job goes back to the queue
+(``running -> queued``); the next run resumes from the newest checkpoint when there is one. After
+``resources.max_oom_retries`` retries, or when no smaller configuration is left, the job fails with
+reason ``out_of_memory`` and the retries it made in its message.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from service_core.db.models import Job, JobEvent
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.memory.planner import apply_changes
-from trainer_core.oom_retry import next_oom_changes
+from trainer_core.memory.planner import apply_changes, next_oom_changes
 from trainer_core.spec import JobSpec, SpecError
 from worker.outcome import RunOutcome
 

@@ -32,7 +32,7 @@ class RunOutcome:
     message: str | None = None
     exit_code: int | None = None
     summary: dict[str, Any] = field(default_factory=dict)
-    # Why we asked the run to stop, when we did: cancelled (a user) or shutdown_requeue (the worker).
+    # Why we asked the run to stop, when we did: cancelled (a user) or shutdown_requeue (the slot stopping).
     stopped_by: ErrorReason | None = None
 
 

@@ -1,11 +1,11 @@
-"""Starting and stopping the processes a supervisor owns.
+"""Starting and stopping the child processes a parent owns.
 
-Used by the worker for its slots, by ``trainjobs serve --workers N`` for its API processes and by
+Used by the worker for its slots, by ``trainjobs serve --api-processes N`` for its API processes and by
 ``trainjobs dev`` for the API and the worker. Each child runs in a session of its own (so a terminal's
-Ctrl-C reaches only the supervisor, which stops children in order) and dies with its supervisor: a
-supervisor killed by any signal, SIGKILL included, leaves nothing listening or consuming behind.
-Stopping is SIGTERM to all at once, then SIGKILL to the group of whatever outlives the timeout.
-A supervisor stops on any of :data:`STOP_SIGNALS`, whatever dispositions it inherited.
+Ctrl-C reaches only the parent, which stops children in order) and dies with its parent: a parent
+killed by any signal, SIGKILL included, leaves nothing listening or consuming behind. Stopping is
+SIGTERM to all at once, then SIGKILL to the group of whatever outlives the timeout. A parent stops on
+any of :data:`STOP_SIGNALS`, whatever dispositions it inherited.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from types import FrameType
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
-# Ctrl-C, SIGTERM (docker stop, systemd, a test) and SIGHUP (its terminal closed) all stop a supervisor.
+# Ctrl-C, SIGTERM (docker stop, systemd, a test) and SIGHUP (its terminal closed) all stop a parent.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SignalHandler = Callable[[int, FrameType | None], object] | int | None
 
@@ -45,14 +45,14 @@ def die_with_parent(parent_pid: int | None = None) -> None:
     """Ask Linux to SIGTERM this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
 
     A child in a session of its own gets no signal from its parent's group, so without this a
-    SIGKILLed supervisor leaves its children running. ``parent_pid``, when given, closes the race of a
+    SIGKILLed parent leaves its children running. ``parent_pid``, when given, closes the race of a
     parent that died before the call: then the process terminates itself at once.
     """
     import ctypes
 
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still stops children
+    except (OSError, AttributeError):  # not Linux: the parent's own shutdown still stops children
         return
     if parent_pid is not None and os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -66,7 +66,7 @@ def _dies_with(parent_pid: int) -> Callable[[], None]:
 def spawn_child(command: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start ``command`` in a session of its own, to be SIGTERMed when this process dies.
 
-    The death signal follows the thread that forks, so call this from the supervisor's main thread.
+    The death signal follows the thread that forks, so call this from the parent's main thread.
     """
     return subprocess.Popen(list(command), env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
 

@@ -1,11 +1,12 @@
-"""Run one job's training in its own process group and watch it until it ends.
+"""Supervise one run: start the job's training in its own process group and watch it until it ends.
 
 The run is the ``trainer_core`` CLI (``python -m trainer_core SPEC --jsonl``; it starts torchrun itself
 when the spec asks for several processes), forked from the slot's pre-imported parent when it has one
 (worker/forkserver.py). Its stdout carries one JSON event per line, read as they
-come and handed to :class:`worker.ingest.EventIngestor`; its stderr goes to ``worker.log``.
+come and handed to :class:`worker.ingest.EventIngestor`; its stderr goes to the run's log
+(``worker.log``).
 
-Stopping (a user's cancel or the worker shutting down) asks the run to stop the way it understands:
+Stopping (a user's cancel or the slot shutting down) asks the run to stop the way it understands:
 the stop file and SIGTERM, after which it finishes the step, checkpoints and reports ``done`` /
 ``cancelled``. A run that has not exited after the grace period gets SIGKILL for its whole process
 group, and the group is always swept when the run ends, so no training process outlives its job.
@@ -25,10 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from service_core.db.base import utcnow
-from service_core.db.jobstore import fence
 from service_core.db.models import Job
 from service_core.db.session import DATABASE_UNAVAILABLE
 from service_core.status import ErrorReason
@@ -43,7 +42,6 @@ from worker.run_env import run_environment
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.5
-HEARTBEAT_S = 5.0
 
 
 def train_args(paths: RunPaths, *, resume: bool) -> list[str]:
@@ -54,6 +52,8 @@ def train_args(paths: RunPaths, *, resume: bool) -> list[str]:
     ]  # fmt: skip
     if resume:
         args.append("--resume")
+    if paths.reach is not None:
+        args += paths.reach.args()
     return args
 
 
@@ -88,7 +88,7 @@ def supervise_run(
     """
     run_watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop, attempt=attempt,
                          watch=watch)  # fmt: skip
-    returncode = run_watch.run(resume=resume)
+    returncode = run_watch.start_and_watch(resume=resume)
     tail = stderr_tail(paths.log_file, run_watch.log_start)
     return classify_exit(run_watch.done, returncode, run_watch.stopped_by, tail, estimate)
 
@@ -118,7 +118,7 @@ class RunWatch:
         self.log_start = 0
         self.chatter: deque[str] = deque(maxlen=2000)  # stray stdout lines, kept for the log
         self.database = Backoff(f"job {job_id}")
-        self.next_poll = self.next_heartbeat = 0.0
+        self.next_poll = 0.0
 
     def start(self, resume: bool) -> RunProcess:
         paths = self.paths
@@ -134,10 +134,10 @@ class RunWatch:
         threading.Thread(target=_read_lines, args=(proc.stdout, self.lines), daemon=True).start()
         return proc
 
-    def run(self, resume: bool) -> int:
-        """Watch the run to its end; returns its exit status (negative: killed by that signal)."""
+    def start_and_watch(self, resume: bool) -> int:
+        """Start the run and watch it to its end; returns its exit status (negative: killed by that signal)."""
         proc = self.start(resume)
-        self.next_poll = self.next_heartbeat = time.monotonic()
+        self.next_poll = time.monotonic()
         try:
             while True:
                 try:
@@ -174,7 +174,10 @@ class RunWatch:
                 self.ingestor.add(event)
 
     def database_work(self, proc: RunProcess, now: float) -> None:
-        """Write due events, look for a stop, renew the heartbeat; a database outage only delays these.
+        """Write due events and look for a stop; a database outage only delays these.
+
+        The job's liveness is its lease, renewed by the slot's :class:`worker.lease.LeaseKeeper`, not
+        anything written here.
 
         The run keeps training meanwhile and its events wait in the ingestor: an outage of a minute
         costs nothing but delay (retried with backoff, :mod:`worker.db_retry`).
@@ -185,9 +188,6 @@ class RunWatch:
             if self.stopped_by is None and now >= self.next_poll:
                 self.next_poll = now + CANCEL_POLL_S
                 self.check_stop(proc, now)
-            if now >= self.next_heartbeat:
-                self.heartbeat()
-                self.next_heartbeat = now + HEARTBEAT_S
         except DATABASE_UNAVAILABLE as exc:
             self.database.failed(now, exc)
             if self.stopped_by is None and self.should_stop():
@@ -196,7 +196,7 @@ class RunWatch:
         self.database.succeeded(now)
 
     def check_stop(self, proc: RunProcess, now: float) -> None:
-        """A user's cancel or the worker's shutdown: ask the run to checkpoint and stop."""
+        """A user's cancel or the slot's shutdown: ask the run to checkpoint and stop."""
         reason = _stop_reason(self.session_factory, self.job_id, self.should_stop)
         if reason is not None:
             self.stop(proc, now, reason)
@@ -207,12 +207,6 @@ class RunWatch:
         self.paths.stop_file.touch()
         _signal(proc, signal.SIGTERM)
         self.kill_at = now + self.grace_s
-
-    def heartbeat(self) -> None:
-        # Recovery tells a live job from an orphan by this timestamp.
-        with self.session_factory() as session:
-            fenced = fence(self.attempt) if self.attempt is not None else ()
-            session.execute(update(Job).where(Job.id == self.job_id, *fenced).values(updated_at=utcnow()))
 
     def finish(self, proc: RunProcess) -> None:
         if proc.poll() is None:  # we are leaving on an error: do not leave the run behind
@@ -239,7 +233,7 @@ def _signal(proc: RunProcess, sig: signal.Signals) -> None:
 
 
 def _stop_reason(session_factory: SessionFactory, job_id: str, should_stop: Callable[[], bool]) -> ErrorReason | None:
-    """Why we are stopping the run, if we are: a user's cancel, or the worker shutting down."""
+    """Why we are stopping the run, if we are: a user's cancel, or the slot shutting down."""
     with session_factory() as session:
         cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
     if cancel:

@@ -37,7 +37,7 @@ from service_core.db.models import Job, Lease, WorkerHeartbeat
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import JobStatus
-from worker.paths import worker_name
+from worker.paths import host_name
 from worker.recovery import recover_orphaned_jobs
 from worker.running_cap import resend_waiting
 
@@ -75,7 +75,7 @@ def beat(settings: Settings, name: str, queues: Sequence[str], slot_pids: Sequen
         busy = session.execute(
             select(func.count())
             .select_from(Job)
-            .where(Job.status == JobStatus.running.value, Job.worker == worker_name(), Job.pid.in_(list(slot_pids)))
+            .where(Job.status == JobStatus.running.value, Job.worker == host_name(), Job.pid.in_(list(slot_pids)))
         ).scalar_one()
         row = session.get(WorkerHeartbeat, name)
         idle_since = None if busy >= len(slot_pids) else (row.idle_since if row and row.idle_since else now)
@@ -154,7 +154,7 @@ def sweep(settings: Settings, *, recover: bool = True) -> dict[str, Any]:
     """
     recovered = recover_orphaned_jobs(settings) if recover else {}
     if recovered:
-        log.warning("recovered jobs of lost workers: %s", recovered)
+        log.warning("recovered jobs of lost slots: %s", recovered)
     return {"recovered": recovered, "redelivered": redeliver_lost_messages(settings) + resend_waiting(settings)}
 
 

@@ -1,8 +1,8 @@
-"""The Celery task: a job id in, :func:`worker.execute.execute_job` called, nothing returned.
+"""The Celery task a slot runs: a job id in, :func:`worker.execute.execute_job` called, nothing returned.
 
 The database holds the job; the message holds only its id, validated here before anything runs.
-When the worker is asked to shut down while a job runs, the run is told to checkpoint and stop and
-the job goes back to the queue (see ``execute_job``'s ``should_stop``).
+When the slot is asked to shut down while a job runs (its worker stopping), the run is told to
+checkpoint and stop and the job goes back to the queue (see ``execute_job``'s ``should_stop``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from worker.run_env import run_environment
 
 log = logging.getLogger(__name__)
 
-# Set from Celery's shutdown signal handler in this (solo-pool) worker process, read by the running
-# job's supervisor loop: a threading.Event is safe to set from a signal handler.
+# Set from Celery's shutdown signal handler in this slot (a solo-pool Celery worker process), read by
+# the running job's supervisor loop: a threading.Event is safe to set from a signal handler.
 _shutting_down = threading.Event()
 
 
-class RunJobMessage(BaseModel):
+class JobMessage(BaseModel):
     job_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$")
 
 
@@ -54,17 +54,19 @@ def _stop_fork_server(**_: Any) -> None:
 
 
 @signals.worker_shutting_down.connect
-def _on_worker_shutting_down(**_: Any) -> None:
+def _on_slot_shutting_down(**_: Any) -> None:
     _shutting_down.set()
 
 
+# The registered name stays TASK_NAME ("trainjobs.run_job"), whatever this function is called: it is
+# the wire name in every queued message, and one an older API queued must still find this task.
 @app.task(name=TASK_NAME, ignore_result=True)
-def run_job(job_id: str) -> None:
-    """Run job ``job_id`` if it is still queued (a redelivery of a started job is ignored)."""
-    message = RunJobMessage(job_id=job_id)
+def handle_job_message(job_id: str) -> None:
+    """Execute job ``job_id`` if it is still queued (a redelivery of a started job is ignored)."""
+    message = JobMessage(job_id=job_id)
     if _shutting_down.is_set():
-        # A message taken while the worker stops (it still drains one): hand it back untouched
+        # A message taken while the slot stops (it still drains one): hand it back untouched
         # rather than start a run only to stop it again.
-        raise Reject("worker shutting down", requeue=True)
+        raise Reject("slot shutting down", requeue=True)
     with job_context(message.job_id, process_wide=True):  # job_id on every line logged meanwhile
         execute_job(message.job_id, get_settings(), should_stop=_shutting_down.is_set)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from threading import Event
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
-from sqlalchemy import Engine, select, tuple_
+from sqlalchemy import Connection, Engine, select, tuple_
 from sqlalchemy.orm import Session, defer, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -24,6 +25,7 @@ from api.deps import (
     owned_dataset,
 )
 from api.estimation import budget_for, estimate_for_submit, plan
+from api.idempotency import Idempotency, IdempotencyKeyHeader, KeyTaken, exit_if_asked, fingerprint
 from api.paths import check_spec_locations, readable_here, resolve_uploaded_dataset, store_root
 from api.preflight import run_preflight
 from api.problems import Problem
@@ -49,7 +51,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
     responses={
-        **problem_responses(413, 429, 503),
+        **problem_responses(409, 413, 429, 503),  # 409: a race on one Idempotency-Key (api/idempotency.py)
         200: {"model": DryRunOut, "description": "`dry_run=true`: the checks"},
     },
 )
@@ -62,13 +64,15 @@ async def submit_job(
     enqueue: EnqueueDep,
     request: Request,
     response: Response,
+    idempotency_key: IdempotencyKeyHeader = None,
     dry_run: Annotated[bool, Query(description="Run preflight and the estimate only; store nothing.")] = False,
 ) -> JobOut | JSONResponse:
     """Validate, estimate, preflight, store and enqueue a job; nothing is stored when any check fails.
 
     A spec of the documented shape can still be a 422 naming the field: its data and model must exist
-    and load (preflight), an uploaded `dataset.id` must be the caller's, and cross-field rules hold
-    (e.g. `efficiency.local_sgd_steps` needs `training.backend: accelerate`).
+    and load (preflight), an uploaded `dataset.id` must be the caller's, cross-field rules hold
+    (e.g. `efficiency.local_sgd_steps` needs `training.backend: accelerate`), and an `Idempotency-Key`
+    used in the last 24 h must come with the same body (a dry run ignores the key).
     """
     # All the blocking work in one threadpool call: as a plain `def` route with a session dependency
     # it took four hand-offs (session open, call, response validation, session close).
@@ -76,7 +80,10 @@ async def submit_job(
     if dry_run:
         report = await run_in_threadpool(check_job, body, sessions, settings, caller, warmed_up)
         return JSONResponse(report.model_dump(mode="json"))
-    job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue, warmed_up)
+    keyed = Idempotency.of(caller.owner, idempotency_key)
+    job = await run_in_threadpool(create_job, body, engine, sessions, settings, caller, enqueue, warmed_up, keyed)
+    if isinstance(job, JSONResponse):  # the first answer to this Idempotency-Key
+        return job
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
 
@@ -135,40 +142,67 @@ def create_job(
     caller: Caller,
     enqueue: Enqueuer,
     warmed_up: Event | None = None,
-) -> JobOut:
-    """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails."""
+    keyed: Idempotency | None = None,
+) -> JobOut | JSONResponse:
+    """Check, store and enqueue ``body`` for ``caller`` (blocking); a Problem when a check fails. With
+    ``keyed`` (an Idempotency-Key), the first answer to that key when there is one (api/idempotency.py)."""
+    request = ""
+    if keyed is not None:
+        request = fingerprint("POST", "/v1/jobs", body.model_dump(mode="json", exclude_unset=True))
+        with engine.connect() as conn:
+            if (answer := keyed.answer(conn, lambda: request)) is not None:
+                return answer
     spec, queue, dataset_id, estimate, _ = checked_spec(body, sessions, settings, caller, warmed_up)
-    # One autocommit INSERT: the row is stored (or not) by that statement alone, so no transaction.
-    # The row is its own outbox record: stamped as sent by the same INSERT (no second round trip), so
-    # a crash before the send below leaves a queued job the workers' sweep sends again.
     now = utcnow()
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        check_queued_quota(conn, caller.owner, settings.max_queued_per_owner)
-        job = insert_job(
-            conn,
-            owner=caller.owner,
-            name=spec.name,
-            queue=queue,
-            priority=body.priority,
-            spec=spec.model_dump(mode="json", exclude_unset=True),
-            estimate=estimate,
-            dataset_id=dataset_id,
-            created_at=now,
-            enqueued_at=now,
-        )
+    values = {
+        "owner": caller.owner, "name": spec.name, "queue": queue, "priority": body.priority,
+        "spec": spec.model_dump(mode="json", exclude_unset=True), "estimate": estimate, "dataset_id": dataset_id,
+        "created_at": now, "enqueued_at": now, "reads_all_uploads": caller.is_admin,
+    }  # fmt: skip
+    try:
+        job = store_job(engine, settings, values, keyed, request)
+    except KeyTaken:
+        assert keyed is not None
+        with engine.connect() as conn:
+            return keyed.after_race(conn, request)
+    exit_if_asked()  # a testing aid: the API dies between its commit and its answer
     try:
         enqueue(job.id, queue, body.priority, settings)
     except Exception as exc:
-        # The job was never handed to a worker: fail it visibly rather than leave it queued forever.
+        # The job was never handed to a worker: fail it visibly rather than leave it queued forever, and
+        # forget its key, so that a retry creates the job this answer says was not started.
         logger.exception("enqueue of job %s failed", job.id)
         with sessions() as session:
             transition(
                 session, job.id, JobStatus.failed, reason=ErrorReason.internal,
                 message=f"the queue could not take the job: {exc}", expect=JobStatus.queued,
             )  # fmt: skip
+            if keyed is not None:
+                keyed.forget(session.connection())
             session.commit()
         raise Problem(503, "the queue is unreachable; the job was not started, submit it again later") from exc
     return JobOut.from_job(job)
+
+
+def store_job(
+    engine: Engine, settings: Settings, values: dict[str, Any], keyed: Idempotency | None, request: str
+) -> Job:
+    """INSERT the job (after the queued-jobs quota), with its answer under ``keyed`` in the same transaction.
+
+    The row is its own outbox record: stamped as sent by its INSERT (no second round trip), so a crash
+    before the send leaves a queued job the workers' sweep sends again. Without a key: one autocommit
+    INSERT, stored (or not) by that statement alone, so no transaction.
+    """
+    scope: AbstractContextManager[Connection] = (
+        engine.begin() if keyed is not None else engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    )
+    with scope as conn:
+        check_queued_quota(conn, values["owner"], settings.max_queued_per_owner)
+        job = insert_job(conn, **values)
+        if keyed is not None:
+            answer = JobOut.from_job(job).model_dump(mode="json")
+            keyed.record(conn, request, status.HTTP_201_CREATED, answer, {"Location": f"/v1/jobs/{job.id}"})
+    return job
 
 
 @router.get("", response_model=JobList, responses=problem_responses(403))
@@ -224,7 +258,7 @@ def get_job(job: OwnedJob, session: SessionDep) -> JobOut:
     responses=problem_responses(409),
 )
 def cancel_job(job: OwnedJob, session: SessionDep, caller: CallerDep) -> JobOut:
-    """Cancel: a queued job at once; a running one is stopped by its worker at its next step."""
+    """Cancel: a queued job at once; a running one is stopped by its slot at its next step."""
     message = f"cancelled by {caller.owner}"
     if JobStatus(job.status) == JobStatus.queued and transition(
         session, job.id, JobStatus.cancelled, reason=ErrorReason.cancelled, message=message, expect=JobStatus.queued

@@ -1,8 +1,8 @@
 """``GET /v1/jobs/{id}/logs``: the run's output (its stderr and stray stdout lines), page by page or followed.
 
-Where the text is: while a job runs, the worker appends to ``<home>/runs/<id>/worker.log``
-(``worker.supervisor.RunPaths.log_file``), which the API reads when it shares the home with the
-worker (``trainjobs dev``, one-machine installs); when the run ends the worker stores the same file
+Where the text is: while a job runs, its slot appends to ``<home>/runs/<id>/worker.log``
+(``worker.paths.RunPaths.log_file``), which the API reads when it shares the home with the
+worker (``trainjobs dev``, one-machine installs); when the run ends the slot stores the same file
 as the artifact ``worker.log``, which every API process can read. The live file wins while it exists.
 
 Offsets are byte offsets into that file, so ``next_offset`` resumes exactly where a page stopped.

@@ -2,12 +2,12 @@
 
 Job figures are read from the database at scrape time, since the database is the source of truth and
 several API processes may serve scrapes: gauges of the live jobs (queued and running, queue depth, busy
-worker slots) counted by index, and counters of finished jobs (by terminal status, and the run-time
+slots per host) counted by index, and counters of finished jobs (by terminal status, and the run-time
 histogram) from running totals kept as jobs finish, so a scrape costs the same at 100 jobs or 100,000
 and ``trainjobs gc`` never makes a counter go back. Request latency is measured in-process by
 :class:`RequestMetricsMiddleware`.
 
-The figures name queues and workers, so ``TRAINJOBS_METRICS_TOKEN`` (when set) makes a scrape send
+The figures name queues and hosts, so ``TRAINJOBS_METRICS_TOKEN`` (when set) makes a scrape send
 ``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials: ...}``); without it,
 keep the port private. API keys do not work here: a scraper should hold no key that can submit jobs.
 """
@@ -123,12 +123,12 @@ class JobsCollector(Collector):
         self.live = dict.fromkeys(LIVE_STATUSES, 0)
         self.queue_depth: dict[str, int] = {}
         self.busy: dict[str, int] = {}
-        for status, queue, worker, count in session.execute(live).tuples():
+        for status, queue, host, count in session.execute(live).tuples():
             self.live[status] += count
             if status == JobStatus.queued.value:
                 self.queue_depth[queue] = self.queue_depth.get(queue, 0) + count
             else:
-                key = worker or "unknown"
+                key = host or "unknown"
                 self.busy[key] = self.busy.get(key, 0) + count
         self.totals = read_totals(session)
 
@@ -147,9 +147,14 @@ class JobsCollector(Collector):
         for queue, count in sorted(self.queue_depth.items()):
             depth.add_metric([queue], count)
         yield depth
-        busy = GaugeMetricFamily("trainjobs_worker_slots_busy", "Running jobs per worker.", labels=["worker"])
-        for worker, count in sorted(self.busy.items()):
-            busy.add_metric([worker], count)
+        # Metric and label names kept as first published (dashboards and alerts use them); the label
+        # holds the host name the job row records in its `worker` column.
+        busy = GaugeMetricFamily(
+            "trainjobs_worker_slots_busy", "Busy slots (running jobs) per host; the label is the host name.",
+            labels=["worker"],
+        )
+        for host, count in sorted(self.busy.items()):
+            busy.add_metric([host], count)
         yield busy
         yield self._duration_histogram()
 

@@ -13,7 +13,9 @@ from trainer_core.spec import JobSpec
 
 
 class EstimateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_ESTIMATE_REQUEST]})
+    model_config = ConfigDict(
+        extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [EXAMPLE_ESTIMATE_REQUEST]}
+    )
 
     spec: JobSpec
 

@@ -101,7 +101,7 @@ class JobSummary(BaseModel):
     error: JobError | None
     waiting: str | None = Field(
         default=None,
-        description="Why a queued job has not started although workers take jobs, when the service holds it "
+        description="Why a queued job has not started although a slot could take it, when the service holds it "
         "back (its owner's running-jobs cap, TRAINJOBS_MAX_RUNNING_PER_OWNER); null otherwise.",
     )
     attempts: int

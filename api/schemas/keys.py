@@ -11,7 +11,7 @@ from service_core.keys import OWNER_PATTERN
 
 class KeyCreate(BaseModel):
     # JSON types as the schema says them (no `1` for `admin`); no nested models, so the config says it.
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
     owner: str = Field(pattern=OWNER_PATTERN.pattern, examples=["alice"])
     admin: bool = Field(default=False, description="The key sees and manages every owner's jobs and keys.")

@@ -107,6 +107,9 @@ class Job(Base):
     # Why a queued job is held back instead of sent (its owner's running-jobs cap): shown by the API,
     # cleared when the job is sent again (worker/running_cap.py).
     waiting_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    # Submitted with an admin key: its run may read every owner's uploads, as the submit's check let it
+    # (the run checks its paths again: trainer_core/path_guard.py). Otherwise only its owner's.
+    reads_all_uploads: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class JobTotal(Base):
@@ -121,6 +124,26 @@ class JobTotal(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     # Double precision: counts stay exact up to 2**53; the duration sum is in seconds.
     value: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class IdempotencyKey(Base):
+    """The first answer to a submit (``POST /v1/jobs``, ``POST /v1/datasets``) that carried an
+    ``Idempotency-Key``: written in the transaction that stores what the submit created, so a client
+    that lost the answer (the API killed before it replied) gets it again instead of a second job.
+
+    Kept ``IDEMPOTENCY_TTL`` (api/idempotency.py); a key is its owner's own.
+    """
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (Index("ix_idempotency_keys_owner_created", "owner", "created_at"),)
+
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # sha256 of the request (method, path, body): the same key with another request is refused.
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int] = mapped_column(Integer)
+    response: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Lease(Base):

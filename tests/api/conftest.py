@@ -1,7 +1,9 @@
 """API test fixtures: an app per test on SQLite or PostgreSQL, keys for two users and an admin.
 
-PostgreSQL gets one fresh database per test session (``trainjobs_test_<random>``), dropped at the
-end; each test starts from empty tables. SQLite gets a file per test. The broker is the embedded
+Every test runs on SQLite. Tests marked ``both_databases`` (where the two behave differently: JSONB,
+LISTEN/NOTIFY, row locks, keyset plans, text NULs, the connection pool, migrations) run on PostgreSQL
+too. PostgreSQL gets one fresh database per test session (``trainjobs_test_<random>``), dropped at
+the end; each test starts from empty tables. SQLite gets a file per test. The broker is the embedded
 one (kombu's SQLAlchemy transport on a SQLite file in the test's folder).
 """
 
@@ -51,7 +53,15 @@ def pg_url() -> Iterator[str]:
         server.dispose()
 
 
-@pytest.fixture(params=BACKENDS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """SQLite for every test; PostgreSQL as well where the test is marked ``both_databases``."""
+    chosen = any("database_url" in str(mark.args[0]) for mark in metafunc.definition.iter_markers("parametrize"))
+    if "database_url" in metafunc.fixturenames and not chosen:  # a test may name its database itself
+        both = metafunc.definition.get_closest_marker("both_databases") is not None
+        metafunc.parametrize("database_url", BACKENDS if both else ["sqlite"], indirect=True)
+
+
+@pytest.fixture
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'service_core.db'}"

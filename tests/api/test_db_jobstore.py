@@ -17,6 +17,8 @@ from service_core.db.jobstore import add_events, transition
 from service_core.db.session import make_engine
 from service_core.status import JobStatus
 
+pytestmark = pytest.mark.both_databases
+
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 

@@ -42,6 +42,8 @@ import sys
 from service_core.db.jobstore import add_events, transition
 from service_core.db.session import session_scope
 from service_core.status import JobStatus
+
+pytestmark = pytest.mark.both_databases
 url, job_id, what = sys.argv[1:]
 with session_scope(url) as session:
     if what == "metric":

@@ -22,6 +22,8 @@ from tests.api.conftest import Keys, add_job
 from tests.api.live import serve
 from tests.worker.live import read_sse
 
+pytestmark = pytest.mark.both_databases
+
 
 def parse_sse(response: Any) -> list[dict[str, Any]]:
     """The events of a TestClient answer, by the suite's one SSE reader (the TestClient's responses are
@@ -31,8 +33,8 @@ def parse_sse(response: Any) -> list[dict[str, Any]]:
     )
 
 
-def run_job(session: Session, job: Job, metrics: int) -> None:
-    """What a worker writes: running, progress and metric events, then success."""
+def write_a_run(session: Session, job: Job, metrics: int) -> None:
+    """What a slot writes for a run: running, progress and metric events, then success."""
     transition(session, job.id, JobStatus.running)
     for step in range(1, metrics + 1):
         add_events(
@@ -56,7 +58,7 @@ def read_events(client: TestClient, job_id: str, key: str, **headers: str) -> li
 
 def test_replay_sends_every_event_in_order_and_ends(client: TestClient, keys: Keys, session: Session) -> None:
     job = add_job(session, "alice")
-    run_job(session, job, metrics=3)
+    write_a_run(session, job, metrics=3)
     events = read_events(client, job.id, keys.alice)
     assert [e["id"] for e in events] == list(range(1, 9))
     assert [e["event"] for e in events] == ["status", *["progress", "metric"] * 3, "status"]
@@ -78,7 +80,7 @@ def test_wire_format(client: TestClient, keys: Keys, session: Session) -> None:
 
 def test_resume_with_last_event_id_has_no_gaps_or_repeats(client: TestClient, keys: Keys, session: Session) -> None:
     job = add_job(session, "alice")
-    run_job(session, job, metrics=5)
+    write_a_run(session, job, metrics=5)
     full = read_events(client, job.id, keys.alice)
     for last in (0, 1, 4, 11):
         resumed = read_events(client, job.id, keys.alice, **{"Last-Event-ID": str(last)})
@@ -166,7 +168,7 @@ def test_idle_stream_sends_heartbeats(app: FastAPI, session: Session, monkeypatc
 
 def test_kind_filter_replays_only_those_kinds_and_still_ends(client: TestClient, keys: Keys, session: Session) -> None:
     job = add_job(session, "alice")
-    run_job(session, job, metrics=3)
+    write_a_run(session, job, metrics=3)
     auth = keys.auth(keys.alice)
     events = parse_sse(client.get(f"/v1/jobs/{job.id}/events?kind=status", headers=auth))
     assert [(e["id"], e["data"]["status"]) for e in events] == [(1, "running"), (8, "succeeded")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from kombu import Connection
 from sqlalchemy import func, select
@@ -14,6 +15,8 @@ from service_core.db.models import Job, JobEvent
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from tests.api.conftest import Keys, add_job, make_spec
+
+pytestmark = pytest.mark.both_databases
 
 # A BERT-large shape, config-built: far over the 1 GB test budget, and nothing to fetch from the hub
 # (a hub id that is not cached is refused by preflight while HF_HUB_OFFLINE is set).

@@ -8,6 +8,7 @@ import zipfile
 from typing import Any
 
 import fsspec
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -17,6 +18,8 @@ from service_core.db.models import MetricPoint
 from service_core.db.session import allocate_seqs
 from service_core.settings import Settings
 from tests.api.conftest import Keys, add_job
+
+pytestmark = pytest.mark.both_databases
 
 
 def add_points(session: Session, job_id: str, steps: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
@@ -11,6 +12,8 @@ from api.routes.metrics import min_max_indices
 from service_core.db.models import MetricPoint
 from service_core.db.session import allocate_seqs
 from tests.api.conftest import Keys, add_job
+
+pytestmark = pytest.mark.both_databases
 
 SPIKE_STEP = 3217
 

@@ -25,6 +25,8 @@ from service_core.migrations import SCRIPT_LOCATION, alembic_config, apply_migra
 from service_core.status import JobStatus
 from tests.api.conftest import PG_SERVER
 
+pytestmark = pytest.mark.both_databases
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from api.paths import check_spec_locations
+from service_core.db.models import Job
+from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
 from trainer_core.net_guard import host_problem as address_problem
 from trainer_core.spec import JobSpec, SpecError
@@ -131,8 +136,6 @@ def test_public_names_that_do_not_resolve_here_are_left_to_the_worker() -> None:
 def test_data_root_is_a_local_folder_or_an_object_store_url(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from service_core.settings import Settings
-
     local = Settings.model_validate({"DATA_ROOT": tmp_path / "data"})
     assert local.data_root == (tmp_path / "data").resolve() and local.data_root_url == local.data_root.as_posix()
     assert Settings.model_validate({"DATA_ROOT": f"file://{tmp_path}/d"}).data_root == (tmp_path / "d").resolve()
@@ -142,3 +145,60 @@ def test_data_root_is_a_local_folder_or_an_object_store_url(tmp_path: Path) -> N
         _ = store.data_root  # code that needs a local folder says so instead of writing to a wrong place
     with pytest.raises(ValidationError, match="DATA_ROOT"):
         Settings.model_validate({"DATA_ROOT": "nosuchproto://bucket/data"})
+
+
+TINY_VIT = {"model_type": "vit", "image_size": 32, "patch_size": 8, "hidden_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 37}  # fmt: skip
+# Each path field, with the path put in it, and the name the 422 gives it.
+PATH_FIELDS: dict[str, tuple[Callable[[str], dict[str, Any]], str]] = {
+    "model.name_or_path": (lambda p: make_spec(model={"name_or_path": p}), "model.name_or_path"),
+    "model.tokenizer": (lambda p: make_spec(model={**make_spec()["model"], "tokenizer": p}), "model.tokenizer"),
+    "model.processor": (
+        lambda p: make_spec(
+            task="image-classification",
+            model={"config": TINY_VIT, "processor": p},
+            dataset={"path": "imagefolder", "data_dir": "pics"},
+        ),
+        "model.processor",
+    ),
+    "dataset.path": (lambda p: make_spec(dataset={"path": p}), "dataset.path"),
+    "dataset.data_dir": (lambda p: make_spec(dataset={"path": "csv", "data_dir": p}), "dataset.data_dir"),
+    "dataset.data_files": (
+        lambda p: make_spec(dataset={"path": "csv", "data_files": {"train": p}}), "dataset.data_files.train"
+    ),
+}
+
+
+@pytest.mark.both_databases
+@pytest.mark.parametrize("field", list(PATH_FIELDS))
+def test_paths_the_file_system_refuses_are_422_naming_the_field(
+    client: TestClient, keys: Keys, settings: Settings, session: Session, field: str
+) -> None:
+    """ENAMETOOLONG, ELOOP, ENOTDIR in any path field: a 422 with the OS's reason, not a 500 (issue 31)."""
+    root = settings.data_root
+    (root / "loop").symlink_to("loop")
+    spec_with, named = PATH_FIELDS[field]
+    for path, reason in [
+        (f"{root}/{'a' * 300}", "ENAMETOOLONG"),  # the data root plus 300 a's: was a 500 at locate.py
+        ("a" * 300, "ENAMETOOLONG"),  # relative: under the root, or taken for a hub id
+        (f"{root}/loop/x", "ELOOP"),
+        (f"{root}/reviews/train.csv/x", "ENOTDIR"),
+    ]:
+        for query in ("?dry_run=true", ""):
+            response = client.post(f"/v1/jobs{query}", json=spec_with(path), headers=keys.auth(keys.bob))
+            assert response.status_code == 422, (path, response.text)
+            errors = response.json()["errors"]
+            assert [e["field"] for e in errors] == [named], errors
+            assert reason in errors[0]["message"] and "file system refuses" in errors[0]["message"]
+    assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+
+
+@pytest.mark.both_databases
+def test_a_name_that_is_neither_a_folder_nor_a_hub_id_is_422(client: TestClient, keys: Keys) -> None:
+    # 200 characters: the file system takes it, the hub's id rules (96 at most) do not; was a 500 too.
+    for field in ("name_or_path", "tokenizer"):
+        spec = make_spec(model={"name_or_path": "b" * 200} if field == "name_or_path" else
+                         {**make_spec()["model"], "tokenizer": "b" * 200})  # fmt: skip
+        response = client.post("/v1/jobs?dry_run=true", json=spec, headers=keys.auth(keys.bob))
+        assert response.status_code == 422, response.text
+        assert [e["field"] for e in response.json()["errors"]] == [f"model.{field}"]

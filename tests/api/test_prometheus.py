@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
@@ -19,6 +20,8 @@ from service_core.retention import collect_garbage
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from tests.api.conftest import Keys, add_job, make_spec
+
+pytestmark = pytest.mark.both_databases
 
 
 def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -22,6 +22,8 @@ from service_core.settings import Settings
 from service_core.status import JobStatus
 from tests.api.conftest import add_job
 
+pytestmark = pytest.mark.both_databases
+
 REPO = Path(__file__).resolve().parents[2]
 POINTS, EVENTS = 12, 5
 

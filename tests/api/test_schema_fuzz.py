@@ -16,6 +16,7 @@ everywhere else the schema states exactly what is accepted.
 
 from __future__ import annotations
 
+import copy
 import secrets
 import tempfile
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck
+from hypothesis import strategies as st
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 from sqlalchemy import create_engine, text
 
@@ -41,7 +43,7 @@ from service_core.status import ErrorReason, JobStatus
 from tests.api.live import serve
 from trainjobs.launcher import write_example
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.both_databases, pytest.mark.slow, pytest.mark.postgres]
 
 MIN_CASES = 1000
 MAX_RESPONSE_S = 10
@@ -116,6 +118,30 @@ def load_schema() -> OpenApiSchema:
 # fixture-based lazy loading does not run on pytest 9.2).
 schema = load_schema()
 
+# Paths the file system refuses to look up (a part longer than it allows, a path longer than PATH_MAX,
+# a loop of links, a file where a folder should be), put into the path fields of generated specs: each
+# must be a 422 naming the field, never a 500 (issue 31). Relative, so they land under the fuzzed app's
+# data root, where fuzz_target makes `loop` and `file.csv`.
+REFUSED_PATHS = ["a" * 300, "d/" + "b" * 256, "c/" * 2100, "loop/x", "file.csv/x", "org/" + "e" * 200]
+PATH_FIELDS = [("model", "name_or_path"), ("model", "tokenizer"), ("model", "processor"),
+               ("dataset", "path"), ("dataset", "data_dir"), ("dataset", "data_files")]  # fmt: skip
+
+
+def with_refused_path(body: Any, where: tuple[str, str], path: str) -> Any:
+    """``body`` (a job, or an estimate request's ``spec``) with one path field set to ``path``."""
+    changed = copy.deepcopy(body)
+    spec = changed.get("spec", changed) if isinstance(changed, dict) else None
+    if isinstance(spec, dict) and isinstance(spec.get(where[0]), dict):
+        spec[where[0]][where[1]] = path
+    return changed
+
+
+@schema.hook("flatmap_body")
+def refused_paths(context: schemathesis.HookContext, body: Any) -> Any:
+    """Half the generated bodies as they are, half with a refused path in one of their path fields."""
+    return st.one_of(st.just(body), st.builds(with_refused_path, st.just(body), st.sampled_from(PATH_FIELDS),
+                                              st.sampled_from(REFUSED_PATHS)))  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def fuzz_target(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
@@ -138,6 +164,8 @@ def fuzz_target(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         }
     )
     write_example(settings)  # what the schema's submit example names: it is accepted as it stands
+    (settings.data_root / "loop").symlink_to("loop")  # for REFUSED_PATHS
+    (settings.data_root / "file.csv").write_text("text,label\n")
     app = create_app(settings)
     app.state.enqueue = cancel_at_once(app)
     with app.state.sessionmaker() as session:

@@ -15,6 +15,8 @@ from api.schemas.jobs import CURSOR_PATTERN
 from service_core.status import JobStatus
 from tests.api.conftest import Keys, add_job
 
+pytestmark = pytest.mark.both_databases
+
 HUGE = str(10**20)  # past a BIGINT and off_t: these were OverflowErrors, a 500
 
 

@@ -16,6 +16,8 @@ from api.routes import datasets
 from service_core.db.session import make_engine
 from tests.api.conftest import Keys
 
+pytestmark = pytest.mark.both_databases
+
 
 def _thread_tokens() -> float:
     return anyio.to_thread.current_default_thread_limiter().total_tokens

@@ -16,6 +16,8 @@ from service_core.db.models import Job
 from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
 
+pytestmark = pytest.mark.both_databases
+
 
 def nested(levels: int) -> dict[str, Any]:
     doc: dict[str, Any] = {"leaf": 1}

@@ -21,6 +21,8 @@ from tests.api.conftest import Keys, add_job
 from tests.api.live import serve
 from trainjobs.sse import iter_events
 
+pytestmark = pytest.mark.both_databases
+
 STREAMS = 48  # many more than the database pool and the threads of an API process
 PER_OWNER = 3
 

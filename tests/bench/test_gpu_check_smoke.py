@@ -65,7 +65,7 @@ def test_smoke_run_prints_and_writes_every_row(tmp_path: Path) -> None:
         for check in (f"SIGKILL-resume [{backend}]", f"cancel (SIGTERM) [{backend}]"):
             assert rows[("faults", check)]["status"] == "PASS", rows[("faults", check)]
     oom = rows[("faults", "OOM fault -> reason out_of_memory")]
-    assert oom["status"] == "PASS", oom  # the testing aid exists (trainer_core/oom_retry.py): no skipping
+    assert oom["status"] == "PASS", oom  # the testing aid exists (trainer_core/oom_fault.py): no skipping
 
     assert all(r["status"] != "ERROR" for r in report["rows"])
     for section, check in rows:  # the printed table has the same rows

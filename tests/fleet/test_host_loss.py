@@ -18,9 +18,10 @@ from .netns import Host
 from .stack import TERMINAL, Fleet, dataset_spec, wait_for
 
 pytestmark = pytest.mark.slow
-# 8 steps an epoch on the session's dataset; a job of 96 steps takes seconds on an idle machine and
-# minutes on a loaded one, and its loss lands mid-run either way.
-EPOCHS = 12
+# 8 steps an epoch on the session's dataset; a job of 192 steps takes seconds on an idle machine and
+# minutes on a loaded one, and its loss lands mid-run either way: long enough that the first
+# checkpoint's upload (a second on an idle machine, many under the suite's load) lands mid-run too.
+EPOCHS = 24
 STEPS = EPOCHS * 8
 
 

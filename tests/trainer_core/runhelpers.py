@@ -22,7 +22,7 @@ from trainer_core.memory_report import memory_values
 from trainer_core.metrics import compute_metrics
 from trainer_core.modeling import MODEL_CLASSES
 from trainer_core.optimizers import build_optimizer
-from trainer_core.run import run_job
+from trainer_core.run import train_job
 from trainer_core.spec import JobSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def text_spec(data_dir: Path, backend: str, n_train: int = 96, n_val: int = 32, 
 
 def run(spec: JobSpec, output_dir: Path, **kwargs: Any) -> tuple[str, EventCollector]:
     events = EventCollector()
-    status = run_job(spec, output_dir, emit=events, **kwargs)
+    status = train_job(spec, output_dir, emit=events, **kwargs)
     return status, events
 
 

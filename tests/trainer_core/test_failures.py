@@ -14,7 +14,7 @@ from tests.trainer_core import datagen
 from tests.trainer_core.runhelpers import BACKENDS, done_event, logged_losses, run, text_spec
 from trainer_core.events import EventCollector
 from trainer_core.failures import FAILURE_REASONS, failure_reason, failure_summary
-from trainer_core.run import run_job
+from trainer_core.run import train_job
 from trainer_core.spec import SpecError, parse_spec
 
 QUICK = {"max_steps": 4, "logging_steps": 2, "per_device_train_batch_size": 8}
@@ -22,10 +22,10 @@ QUICK = {"max_steps": 4, "logging_steps": 2, "per_device_train_batch_size": 8}
 
 def failed_summary(spec: Any, out: Path, spec_error: bool = False) -> dict[str, Any]:
     """Run ``spec``; assert it failed with exactly one done event; its summary."""
-    if spec_error:  # run_job raises it after its done event, so the CLI can name the field
+    if spec_error:  # train_job raises it after its done event, so the CLI can name the field
         events = EventCollector()
         with pytest.raises(SpecError):
-            run_job(spec, out, emit=events)
+            train_job(spec, out, emit=events)
     else:
         status, events = run(spec, out)
         assert status == "failed"

@@ -1,4 +1,4 @@
-"""causal-lm through ``run_job`` on real files: chat data, a tokenizer with a chat template, adapters;
+"""causal-lm through ``train_job`` on real files: chat data, a tokenizer with a chat template, adapters;
 and the preflight field errors an LM spec can get before it runs."""
 
 from __future__ import annotations

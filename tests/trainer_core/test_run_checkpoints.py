@@ -10,7 +10,7 @@ import pytest
 from tests.trainer_core.runhelpers import BACKENDS, assert_same_weights, done_event, run, text_spec
 from trainer_core.checkpoint import META_FILE, complete_checkpoints
 from trainer_core.events import Event
-from trainer_core.run import run_job
+from trainer_core.run import train_job
 
 # What each backend writes besides model.safetensors and trainjobs' own description.
 BACKEND_FILES = {
@@ -58,7 +58,7 @@ def test_stop_file_finishes_the_step_checkpoints_and_cancels_then_resume_complet
             stop_file.touch()  # asked during step 3: the run must stop right after it
 
     out = tmp_path / "out"
-    status = run_job(spec, out, emit=emit, stop_file=stop_file)
+    status = train_job(spec, out, emit=emit, stop_file=stop_file)
     assert status == "cancelled"
     assert seen[-1]["event"] == "done" and seen[-1]["status"] == "cancelled"
     assert seen[-1]["summary"]["global_step"] == 3

@@ -19,7 +19,7 @@ from tests.trainer_core.runhelpers import (
     text_spec,
 )
 from trainer_core.backends.common import build_training_model
-from trainer_core.run import failure_reason, run_job
+from trainer_core.run import failure_reason, train_job
 from trainer_core.spec import SpecError
 
 
@@ -73,7 +73,7 @@ def test_fp16_without_cuda_is_a_spec_error_suggesting_bf16(tmp_path: Path, monke
     spec = text_spec(tmp_path / "data", "accelerate", efficiency={"mixed_precision": "fp16"})
     events: list[dict] = []
     with pytest.raises(SpecError) as info:
-        run_job(spec, tmp_path / "out", emit=events.append)
+        train_job(spec, tmp_path / "out", emit=events.append)
     assert info.value.errors[0].field == "efficiency.mixed_precision"
     assert "bf16" in info.value.errors[0].message
     assert events[-1]["event"] == "done" and events[-1]["status"] == "failed"

@@ -1,4 +1,7 @@
-"""Fixtures for client and CLI tests: one live service per test module, and job specs on its data."""
+"""Fixtures for client and CLI tests: one live service for the session, and job specs on its data.
+
+The service is shared by every module that asks for it (tests/conftest.py keeps those modules on one
+xdist worker): tests that restart its API leave it running, and each test reads only its own jobs."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
 from tests.trainjobs.live import LiveService
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     live = LiveService(tmp_path_factory.mktemp("service")).start()
     try:
@@ -21,7 +24,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
         live.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sentiment_files(service: LiveService) -> dict[str, str]:
     """A small sentiment CSV pair under the service's data root (the only place jobs may read)."""
     return write_sentiment_csv(service.data_root / "sentiment", n_train=96, n_val=32)

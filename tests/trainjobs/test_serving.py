@@ -1,4 +1,4 @@
-"""``trainjobs serve --workers N``: one SO_REUSEPORT listener per API process (trainjobs.serving)."""
+"""``trainjobs serve --api-processes N``: one SO_REUSEPORT listener per API process (trainjobs.serving)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from service_core.migrations import apply_migrations
 from tests.trainjobs.live import REPO, trainjobs_argv
 from tests.trainjobs.sockets import accepted_nodelay
 from tests.worker.live import free_port
-from trainjobs.serving import FAST_EXIT_S, MAX_QUICK_DEATHS, reuse_port_socket, supervise
+from trainjobs.serving import FAST_EXIT_S, MAX_QUICK_DEATHS, reuse_port_socket, serve_api_processes
 from worker.procfs import is_alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
@@ -35,9 +35,9 @@ def serve_env(home: Path) -> dict[str, str]:
 
 
 def start_serve(tmp_path: Path, port: int, *extra: str, output: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
-    """``trainjobs serve --workers 2`` on ``port``, in a session of its own; output to ``output`` or nowhere."""
+    """``trainjobs serve --api-processes 2`` on ``port``, in a session of its own; output to ``output`` or nowhere."""
     return subprocess.Popen(
-        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2", *extra]),
+        trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--api-processes", "2", *extra]),
         env=serve_env(tmp_path), cwd=REPO, stdout=output or subprocess.DEVNULL, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
@@ -67,7 +67,7 @@ def test_each_process_listens_on_its_own_socket_and_connections_spread(tmp_path:
     try:
         wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
         listeners = set(socket_owners(port, "listening"))
-        assert parent.pid not in listeners  # the parent only supervises
+        assert parent.pid not in listeners  # the parent only starts and watches them
 
         def all_healthy() -> bool:
             try:
@@ -106,7 +106,7 @@ def test_each_process_listens_on_its_own_socket_and_connections_spread(tmp_path:
         assert not is_alive(pid)
 
 
-def test_api_processes_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+def test_api_processes_die_with_a_killed_parent(tmp_path: Path) -> None:
     port = free_port()
     parent = start_serve(tmp_path, port)
     try:
@@ -145,7 +145,7 @@ def test_a_taken_port_stops_serve_with_status_1(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         started = time.monotonic()
-        result = subprocess.run(
+        result = subprocess.run(  # --workers: the deprecated name of --api-processes still works
             trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]),
             env=serve_env(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -154,9 +154,9 @@ def test_a_taken_port_stops_serve_with_status_1(tmp_path: Path) -> None:
     assert time.monotonic() - started < 90
 
 
-def test_several_workers_need_a_named_port() -> None:
+def test_several_api_processes_need_a_named_port() -> None:
     with pytest.raises(ValueError, match="--port 0"):
-        supervise("127.0.0.1", 0, 2)
+        serve_api_processes("127.0.0.1", 0, 2)
 
 
 def test_reuse_port_listener_gives_connections_tcp_nodelay() -> None:

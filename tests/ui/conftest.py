@@ -25,7 +25,7 @@ from playwright import sync_api as playwright_sync
 
 from tests.trainjobs.live import REPO, trainjobs_argv
 from tests.worker.live import free_port
-from trainer_core.oom_retry import FAULT_OOM_ENV
+from trainer_core.oom_fault import FAULT_OOM_ENV
 from trainjobs.client import Client
 
 CHROMIUM = os.environ.get("TRAINJOBS_CHROMIUM", "/usr/bin/chromium")
@@ -59,7 +59,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevService]:
                                                                      "DATA_ROOT", "TRAINJOBS_ENV"))}  # fmt: skip
     env.update(TRAINJOBS_HOME=str(home), TRAINJOBS_API_KEY=KEY, TRAINJOBS_CANCEL_GRACE_SECONDS="5",
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")  # fmt: skip
-    # Testing aid (trainer_core/oom_retry.py): a micro-batch above OOM_ABOVE "runs out of memory", so a
+    # Testing aid (trainer_core/oom_fault.py): a micro-batch above OOM_ABOVE "runs out of memory", so a
     # job asking for more gets a real out-of-memory retry; the other tests' jobs stay at or below it.
     env[FAULT_OOM_ENV] = str(OOM_ABOVE)
     log_path = home.parent / "dev.log"

@@ -39,19 +39,27 @@ def make_settings(home: Path, **env: str) -> Settings:
     return Settings.model_validate({"TRAINJOBS_HOME": str(home), "TRAINJOBS_CANCEL_GRACE_SECONDS": "20", **env})
 
 
+@pytest.fixture(scope="session")
+def shared_data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data root of the settings below, for the whole session: the jobs the tests make read the
+    session's data files (:func:`sentiment_files`), and a run may read nothing outside its data root
+    (trainer_core/path_guard.py)."""
+    return tmp_path_factory.mktemp("data")
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def db_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
+def db_settings(request: pytest.FixtureRequest, tmp_path: Path, shared_data_root: Path) -> Iterator[Settings]:
     """Settings on a fresh database of each kind, schema created from the models."""
     home = tmp_path / "var"
     home.mkdir()
     if request.param == "sqlite":
-        settings = make_settings(home)
+        settings = make_settings(home, DATA_ROOT=str(shared_data_root))
         Base.metadata.create_all(get_engine(settings.database_url))
         yield settings
         get_engine(settings.database_url).dispose()
         return
     name, url = create_pg_database("trainjobs_worker")
-    settings = make_settings(home, DATABASE_URL=url)
+    settings = make_settings(home, DATABASE_URL=url, DATA_ROOT=str(shared_data_root))
     Base.metadata.create_all(get_engine(url))
     try:
         yield settings
@@ -61,11 +69,11 @@ def db_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sett
 
 
 @pytest.fixture
-def sqlite_settings(tmp_path: Path) -> Iterator[Settings]:
+def sqlite_settings(tmp_path: Path, shared_data_root: Path) -> Iterator[Settings]:
     """Settings on the embedded defaults (SQLite database and broker under a temporary home)."""
     home = tmp_path / "var"
     home.mkdir()
-    settings = make_settings(home)
+    settings = make_settings(home, DATA_ROOT=str(shared_data_root))
     Base.metadata.create_all(get_engine(settings.database_url))
     yield settings
     get_engine(settings.database_url).dispose()
@@ -94,8 +102,8 @@ def load_job(settings: Settings, job_id: str) -> Job:
 
 
 @pytest.fixture(scope="session")
-def sentiment_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return write_sentiment_csv(tmp_path_factory.mktemp("sentiment"), n_train=64, n_val=16)
+def sentiment_files(shared_data_root: Path) -> dict[str, str]:
+    return write_sentiment_csv(shared_data_root / "sentiment", n_train=64, n_val=16)
 
 
 def quick_spec(files: dict[str, str], **training: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from service_core.db import JobEvent
 from service_core.db.session import session_scope
 from service_core.settings import Settings
-from trainer_core.oom_retry import FAULT_OOM_ENV
+from trainer_core.oom_fault import FAULT_OOM_ENV
 from worker.execute import execute_job
 
 from .conftest import JobFactory, load_job, quick_spec

@@ -27,7 +27,7 @@ from trainer_core.events import make_event
 from worker.execute import claim, execute_job, requeue_after_shutdown, session_factory
 from worker.ingest import EventIngestor
 from worker.outcome import RunOutcome
-from worker.paths import run_paths, worker_name
+from worker.paths import host_name, run_paths
 from worker.recovery import recover_orphaned_jobs
 
 from .conftest import JobFactory, create_pg_database, drop_pg_database, load_job, make_settings, quick_spec
@@ -133,7 +133,7 @@ def test_a_sweep_requeue_distrusts_the_checkpoint_at_the_stored_step(
     # the job; the next attempt's claim (its own `running` event) hid that requeue from the resume,
     # which trusted checkpoint-4, and step 4 never got a loss point.
     job_id = lost_at_step_4(sqlite_settings, make_job, sentiment_files, status="running", progress_step=4,
-                            worker=worker_name(), pid=dead_pid())  # fmt: skip
+                            worker=host_name(), pid=dead_pid())  # fmt: skip
     assert recover_orphaned_jobs(sqlite_settings) == {job_id: "queued"}
     assert drain_broker(sqlite_settings, load_job(sqlite_settings, job_id).queue) != []
     assert execute_job(job_id, sqlite_settings) == "succeeded"  # from checkpoint-2: 4 is not trusted
@@ -155,7 +155,7 @@ def test_a_restart_from_the_start_drops_the_earlier_attempts_points(
 
 
 @pytest.fixture
-def proxied_pg_settings(tmp_path: Path) -> Iterator[tuple[Settings, TcpProxy]]:
+def proxied_pg_settings(tmp_path: Path, shared_data_root: Path) -> Iterator[tuple[Settings, TcpProxy]]:
     name, url = create_pg_database("trainjobs_outage")
     Base.metadata.create_all(get_engine(url))
     get_engine(url).dispose()
@@ -163,7 +163,8 @@ def proxied_pg_settings(tmp_path: Path) -> Iterator[tuple[Settings, TcpProxy]]:
     home.mkdir()
     try:
         with TcpProxy(("127.0.0.1", 5432)) as proxy:
-            yield make_settings(home, DATABASE_URL=url.replace(":5432/", f":{proxy.port}/")), proxy
+            url = url.replace(":5432/", f":{proxy.port}/")
+            yield make_settings(home, DATABASE_URL=url, DATA_ROOT=str(shared_data_root)), proxy
     finally:
         drop_pg_database(name)
 

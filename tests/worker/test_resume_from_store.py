@@ -26,14 +26,14 @@ from .test_supervisor import start_in_thread, wait_for
 
 
 @pytest.fixture
-def pg_s3_settings(tmp_path: Path, s3_root: str) -> Iterator[Settings]:
+def pg_s3_settings(tmp_path: Path, s3_root: str, shared_data_root: Path) -> Iterator[Settings]:
     """A worker's settings on a fresh PostgreSQL database with its artifacts in the object store."""
     name, url = create_pg_database("trainjobs_store")
     Base.metadata.create_all(get_engine(url))
     home = tmp_path / "var"
     home.mkdir()
     try:
-        yield make_settings(home, DATABASE_URL=url, ARTIFACTS_ROOT=s3_root)
+        yield make_settings(home, DATABASE_URL=url, ARTIFACTS_ROOT=s3_root, DATA_ROOT=str(shared_data_root))
     finally:
         get_engine(url).dispose()
         drop_pg_database(name)
@@ -55,7 +55,8 @@ def test_a_killed_run_resumes_from_the_store_on_a_disk_without_its_checkpoint(
     pg_s3_settings: Settings, make_job: JobFactory, sentiment_files: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = pg_s3_settings
-    spec = quick_spec(sentiment_files, num_train_epochs=4, save_steps=4, save_total_limit=2, eval_strategy="no")
+    # 128 steps: long enough that the step-8 checkpoint's upload lands mid-run on a loaded machine too.
+    spec = quick_spec(sentiment_files, num_train_epochs=16, save_steps=4, save_total_limit=2, eval_strategy="no")
     job_id = make_job(settings, spec)
     store, paths = CheckpointStore(settings.artifacts_root, job_id), run_paths(job_id, settings)
 
@@ -77,8 +78,8 @@ def test_a_killed_run_resumes_from_the_store_on_a_disk_without_its_checkpoint(
     assert f"fetched checkpoint {resumed_from} from the store" in caplog.text
 
     job = load_job(settings, job_id)
-    assert (job.attempts, job.progress_step, job.progress_total) == (2, 32, 32)  # an uninterrupted run's steps
+    assert (job.attempts, job.progress_step, job.progress_total) == (2, 128, 128)  # an uninterrupted run's steps
     points = loss_points(settings, job_id)
-    assert [step for _, step in points] == list(range(1, 33))  # no gap, no duplicate
+    assert [step for _, step in points] == list(range(1, 129))  # no gap, no duplicate
     # Resumed, not started over: the first attempt's points up to the checkpoint are the very same rows.
     assert points[:resumed_from] == kept

@@ -16,7 +16,7 @@ from service_core.db.base import utcnow
 from service_core.db.models import Lease, WorkerHeartbeat
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
-from worker.paths import worker_name
+from worker.paths import host_name
 from worker.sweeper import SWEEPER_LEASE, Sweeper, beat, redeliver_lost_messages, release_lease, take_lease
 
 from .conftest import JobFactory, create_pg_database, drop_pg_database, load_job, make_settings
@@ -37,7 +37,7 @@ def test_one_sweeper_holds_the_lease_until_it_expires(db_settings: Settings) -> 
 
 def test_heartbeat_rows_count_busy_slots_and_idle_time(db_settings: Settings, make_job: JobFactory) -> None:
     slot = os.getpid()
-    make_job(db_settings, status="running", attempts=1, worker=worker_name(), pid=slot)
+    make_job(db_settings, status="running", attempts=1, worker=host_name(), pid=slot)
     beat(db_settings, "w1", ["q"], [slot, slot + 1])
     with session_scope(db_settings.database_url) as s:
         row = s.execute(select(WorkerHeartbeat)).scalar_one()
@@ -72,7 +72,7 @@ def test_lost_messages_are_sent_again_once_per_idle_slot(db_settings: Settings, 
         age(db_settings, job_id, 120, sent=True)
     # One worker with one slot, busy on another job: only the job never sent goes out.
     slot = os.getpid()
-    make_job(db_settings, status="running", attempts=1, worker=worker_name(), pid=slot, queue=queue)
+    make_job(db_settings, status="running", attempts=1, worker=host_name(), pid=slot, queue=queue)
     beat(db_settings, "w1", [queue], [slot])
     assert redeliver_lost_messages(db_settings) == [never_sent]
     assert redeliver_lost_messages(db_settings) == []  # stamped: not again

@@ -14,7 +14,7 @@ from datasets import Audio, ClassLabel, Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetNotFoundError
 
 from trainer_core.net_guard import guarded_resolution, host_problem
-from trainer_core.spec import DatasetSpec, FieldError, JobSpec, SpecError
+from trainer_core.spec import DatasetSpec, FieldError, JobSpec, SpecError, data_file_entries
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +50,9 @@ def _source_field(ds: DatasetSpec) -> str:
 
 
 def _urls(value: Any, field: str) -> Iterator[tuple[str, str]]:
-    if isinstance(value, str) and value.lower().startswith(("http://", "https://")):
-        yield value, field
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _urls(item, f"{field}.{i}")
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from _urls(item, f"{field}.{key}")
+    for where, location in data_file_entries(value, field):
+        if location.lower().startswith(("http://", "https://")):
+            yield location, where
 
 
 def checked_url_hosts(ds: DatasetSpec) -> set[str]:

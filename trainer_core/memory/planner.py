@@ -11,6 +11,9 @@ adafactor: extra work per step).
 When no setting of the spec's own kind fits (a full fine-tune, or the spec's adapter), it adds adapter
 options: LoRA, then QLoRA (a 4-bit base), each at rank 8, 16 and 64 (``alpha = 2r``, all-linear), one
 entry per adapter (its fastest fitting setting). Every entry fits by the estimator's own numbers.
+
+``next_oom_changes`` walks the same ladder one rung at a time, without estimates: what the worker
+applies before it requeues a job that ran out of device memory (worker/oom_retry.py).
 """
 
 from __future__ import annotations
@@ -70,6 +73,22 @@ def apply_changes(spec: JobSpec, changes: dict[str, Any]) -> JobSpec:
         elif path != "optimizer.amsgrad":  # dropped with the switch to an optimizer without it
             data.setdefault(section, {})[field] = value
     return parse_spec(data)
+
+
+def next_oom_changes(spec: JobSpec) -> dict[str, Any] | None:
+    """Spec changes (dotted paths) one rung below ``spec`` with the same effective batch; None at the bottom.
+
+    Halve the micro-batch and double accumulation, then gradient checkpointing, then a lighter
+    optimizer (the planner's order of the optimizer table: lighter state further on).
+    """
+    batch, accum = spec.training.per_device_train_batch_size, spec.efficiency.gradient_accumulation_steps
+    if batch > 1 and batch % 2 == 0:
+        return {"training.per_device_train_batch_size": batch // 2, "efficiency.gradient_accumulation_steps": accum * 2}
+    if not spec.efficiency.gradient_checkpointing:
+        return {"efficiency.gradient_checkpointing": True}
+    order = planner_order()
+    lighter = order[order.index(spec.optimizer.name) + 1 :]
+    return {"optimizer.name": lighter[0]} if lighter else None
 
 
 def _adapter_dict(kind: str, r: int, precision: str) -> dict[str, Any]:

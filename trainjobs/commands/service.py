@@ -74,7 +74,8 @@ def tcp_nodelay_listener() -> None:
     uvicorn 0.54 binds that listener with ``proto`` 0; accepted sockets inherit it and asyncio sets
     TCP_NODELAY only when it sees IPPROTO_TCP, so every keep-alive request after the first waits
     ~40 ms for a delayed ACK (Kludex/uvicorn#3149). Re-wrapping the descriptor lets the socket module
-    read the real protocol back from the kernel. A single process (``--workers 1``) is not affected.
+    read the real protocol back from the kernel. A single API process (``--api-processes 1``) is not
+    affected.
     """
     import socket
 
@@ -104,11 +105,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service_core.logging import configure_logging
-    from trainjobs.serving import reuse_port_supported, supervise
+    from trainjobs.serving import reuse_port_supported, serve_api_processes
     from worker.processes import on_stop_signals
 
     # Stop signals stop it from the start, whatever dispositions it inherited (worker.processes says
-    # why); uvicorn and `supervise` put their graceful handlers over these while they serve.
+    # why); uvicorn and `serve_api_processes` put their graceful handlers over these while they serve.
     on_stop_signals()
     settings = load_settings()
     try:
@@ -119,10 +120,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if schema_refusal(settings):
         return 2
     configure_logging()
-    if args.workers > 1 and reuse_port_supported():
+    if args.api_processes > 1 and reuse_port_supported():
         # One listener per process, so connections spread evenly (trainjobs.serving says why).
         try:
-            return supervise(args.host, args.port, args.workers, access_log=args.access_log)
+            return serve_api_processes(args.host, args.port, args.api_processes, access_log=args.access_log)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -133,7 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         factory=True,
         host=args.host,
         port=args.port,
-        workers=args.workers,
+        workers=args.api_processes,  # uvicorn's word for its processes
         log_config=None,  # keep our structured logging
         proxy_headers=True,
         access_log=args.access_log,
@@ -244,9 +245,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = subparsers.add_parser("serve", help="run the HTTP API (uvicorn)")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8000)
+    # --workers: the flag's deprecated name, kept for the scripts that pass it ("worker" is `trainjobs worker`).
     serve.add_argument(
-        "--workers", type=int, default=1, help="API processes (on Linux each with its own SO_REUSEPORT listener)"
-    )
+        "--api-processes", "--workers", dest="api_processes", type=int, default=1, metavar="N",
+        help="API processes, on Linux each with its own SO_REUSEPORT listener (--workers: deprecated name)",
+    )  # fmt: skip
     serve.add_argument("--no-access-log", dest="access_log", action="store_false", help="no line per request")
     serve.set_defaults(func=cmd_serve)
 

@@ -1,6 +1,6 @@
 // The job's attempts and retries with their reasons. An attempt runs from a claim (a `running` status
-// event) to what ended it: a move back to `queued` (its reason says why: `worker_lost` when the worker
-// or run process died, `out_of_memory` for a retry) or the final status. The status events come from
+// event) to what ended it: a move back to `queued` (its reason says why: `worker_lost` when the slot, host
+// or run process was lost, `out_of_memory` for a retry) or the final status. The status events come from
 // the public event stream filtered to `kind=status` (sse.js, resumed after a drop), so a live job's
 // list grows; the changes an out-of-memory retry applied come from the job detail's `retries`.
 import { isFinished, request } from "./api.js";

@@ -3,7 +3,7 @@ import { isFinished, readingOrder, request } from "./api.js";
 import { bytes, el, toYaml } from "./util.js";
 
 const PART_COLORS = ["#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#06b6d4", "#64748b", "#ec4899"];
-// Measured values the worker reports, next to the estimate's figure for the same quantity.
+// Measured values the run reports, next to the estimate's figure for the same quantity.
 const MEASURED = [
   ["parameters", "parameter_bytes", "parameter_bytes"],
   ["gradients", "gradient_bytes", "gradient_bytes"],

@@ -1,0 +1,87 @@
+"""A submit whose answer is lost creates one job, not two (issue 31): the API process is killed right
+after its INSERT commits (the testing aid ``TRAINJOBS_FAULT_API_EXIT_AFTER_INSERT``, api/idempotency.py),
+so the client sees the connection drop although the job is stored. The CLI and the Python client send
+one ``Idempotency-Key`` per logical submit and retry on connection errors; once the API is back (here:
+restarted without the aid), the retry gets the first answer. Real API processes (``trainjobs serve``)
+on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.idempotency import FAULT_EXIT_ENV, FAULT_EXIT_STATUS
+from tests.trainer_core.datagen import write_sentiment_csv
+from tests.trainjobs.conftest import job_spec
+from tests.trainjobs.live import LiveService
+from tests.worker.conftest import create_pg_database, drop_pg_database
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveService]:
+    """Migrations and a database, no API yet (each test starts it with the fault aid) and no worker."""
+    live = LiveService(tmp_path / "home")
+    live.data_root.mkdir(parents=True)
+    name = None
+    if request.param == "postgresql":
+        name, url = create_pg_database("trainjobs_idem")
+        live.env["DATABASE_URL"] = url
+    live.migrate()
+    try:
+        yield live
+    finally:
+        live.stop()
+        if name is not None:
+            drop_pg_database(name)
+
+
+def die_after_the_insert_then_come_back(live: LiveService) -> None:
+    """The API exits once a submit committed (before answering); start it again without the aid."""
+    assert live.api is not None
+    assert live.api.wait(timeout=180) == FAULT_EXIT_STATUS, (live.logs / "api.log").read_text()[-2000:]
+    del live.env[FAULT_EXIT_ENV]
+    live.start_api()
+
+
+def test_the_cli_retries_a_submit_whose_answer_was_lost_and_one_job_exists(service: LiveService) -> None:
+    files = write_sentiment_csv(service.data_root / "sentiment", n_train=16, n_val=8)
+    spec_file = service.home / "job.json"
+    spec_file.write_text(json.dumps(job_spec(files, "lost-answer")))
+    service.env[FAULT_EXIT_ENV] = "1"
+    service.start_api()
+    cli = service.cli_popen("submit", str(spec_file))
+    die_after_the_insert_then_come_back(service)
+    _, err = cli.communicate(timeout=300)
+    assert cli.returncode == 0, err
+    submitted = re.search(r"submitted lost-answer as (\w+)", err)
+    assert submitted is not None, err
+    with service.client() as client:
+        jobs = list(client.list())
+    assert [job["id"] for job in jobs] == [submitted.group(1)]  # the first try's job, and no second
+
+
+def test_the_client_retries_an_upload_whose_answer_was_lost_and_one_dataset_exists(service: LiveService) -> None:
+    csv = service.home / "reviews.csv"
+    csv.write_text("text,label\ngreat film,1\nawful film,0\n")
+    service.env[FAULT_EXIT_ENV] = "1"
+    service.start_api()
+    result: dict[str, Any] = {}
+
+    def upload() -> None:
+        with service.client() as client:
+            result["dataset"] = client.upload_dataset(csv, name="reviews")
+
+    thread = threading.Thread(target=upload)
+    thread.start()
+    die_after_the_insert_then_come_back(service)
+    thread.join(timeout=300)
+    with service.client() as client:
+        stored = client.datasets()
+    assert [d["id"] for d in stored] == [result["dataset"]["id"]]
+    assert len(list((service.data_root / "uploads").rglob("reviews.csv"))) == 1  # one stored copy
