@@ -36,7 +36,7 @@ chromium:
 	@test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q chromium; }
 
 pytest: $(STAMP) chromium
-	$(BIN)/python -m pytest tests -n 2 --no-loadscope-reorder --durations=30
+	$(BIN)/python -m pytest tests --durations=30
 
 test: lint typecheck pytest
 

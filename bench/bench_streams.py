@@ -61,7 +61,7 @@ from service_core.keys import create_api_key
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from worker.processes import stop_processes
-from worker.procfs import all_processes, proc_stat
+from worker.procfs import all_processes, proc_stat, status_field
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_P50_MS, GOAL_P99_MS, GOAL_IDLE_QPS, GOAL_RSS_MIB = 100.0, 500.0, 50.0, 1024.0
@@ -96,10 +96,10 @@ def api_pid(serve_pid: int) -> int:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    rss = status_field(pid, "VmRSS")
+    if rss is None:
+        raise RuntimeError(f"no VmRSS for {pid}")
+    return int(rss.split()[0]) / 1024
 
 
 def cpu_seconds(pid: int) -> float:

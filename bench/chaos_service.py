@@ -31,7 +31,7 @@ from service_core.db import Base
 from service_core.db.session import get_engine
 from service_core.settings import Settings
 from worker.processes import stop_processes
-from worker.procfs import all_processes, processes_mentioning
+from worker.procfs import all_processes, environ, processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -55,15 +55,10 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: flo
 
 def processes_of(home: Path) -> list[int]:
     """Live processes whose environment names ``home`` as TRAINJOBS_HOME: API, workers, slots, runs."""
-    needle = f"TRAINJOBS_HOME={home}\0".encode()
     found = []
     for proc in all_processes():
-        if proc.pid != os.getpid() and proc.alive:
-            try:
-                if needle in Path(f"/proc/{proc.pid}/environ").read_bytes():
-                    found.append(proc.pid)
-            except OSError:
-                continue
+        if proc.pid != os.getpid() and proc.alive and environ(proc.pid).get("TRAINJOBS_HOME") == str(home):
+            found.append(proc.pid)
     return found
 
 

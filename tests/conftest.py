@@ -24,12 +24,12 @@ import pytest
 
 from trainjobs.seaweedfs import SeaweedFS
 
-# How `make test` spreads the suite over both cores (``pytest -n 2``, xdist). The unit of work is a
-# module, run whole on one xdist worker, so its module-scoped fixtures (live stacks, a zygote, an
-# installed venv) start once; modules that share a session-scoped stack are one unit. Units go out
-# heaviest first, so the two workers finish together instead of one starting the fleet tests when
-# the other is done. The weights are rough seconds under `make test` (it prints the slowest tests);
-# a unit not listed weighs by whether it has slow tests.
+# Running the suite on both cores (``pytest -n 2``, xdist). `make test` still runs serially: under
+# ``-n 2`` on a 2-core machine some live tests time out (the frozen-slot lease test, the fleet's cut
+# host, the running cap's lock wait, the fuzz's case count) and must be fixed first. The unit of work is a module, run whole on one xdist worker, so its module-scoped
+# fixtures (live stacks, a zygote, an installed venv) start once; modules that share a stack are one
+# unit. Units go out heaviest first, so the two workers finish together. The weights are rough
+# seconds under `-n 2` (``--durations`` prints them); a unit not listed weighs by its slow tests.
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"
@@ -62,7 +62,9 @@ def unit_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Heaviest units first (a stable sort: each unit keeps its tests' order)."""
+    """Under xdist, heaviest units first (a stable sort: each unit keeps its tests' order)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a serial run keeps the collection order
     slow = {unit_of(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}
 
     def weight(item: pytest.Item) -> tuple[int, bool]:

@@ -1,6 +1,12 @@
-"""Reading ``/proc/PID/stat``: one parser for the worker, the benches and the tests.
+"""Reading ``/proc``: the one module that does, for the worker, the benches and the tests.
 
-The second field (the command name) is in parentheses and may itself hold spaces and ``)``, so the
+Why not psutil: the worker runs only on Linux (it relies on ``PR_SET_PDEATHSIG`` and process groups),
+what it needs is a handful of fields (state, parent, process group, command line, environment, one
+``status`` line), and psutil would add a compiled dependency to every worker and the client-side
+tests for them; it also has no process group (``os.getpgid`` answers only for live processes,
+while the sweep must see a zombie's). Reading the files is a few lines each, tested on every run.
+
+``/proc/PID/stat``'s second field (the command name) is in parentheses and may itself hold spaces and ``)``, so the
 fields are split after its *last* ``)``; what follows starts with the state (``R``, ``S``, ``T``,
 ``Z``...), then the parent pid and the process group (proc(5)).
 """
@@ -75,3 +81,21 @@ def processes_mentioning(marker: str) -> list[int]:
     """Live pids (not this one) whose command line contains ``marker`` (a home path, a queue name)."""
     needle, me = marker.encode(), os.getpid()
     return [p.pid for p in all_processes() if p.pid != me and p.alive and needle in cmdline(p.pid)]
+
+
+def environ(pid: int) -> dict[str, str]:
+    """``pid``'s environment as it started (``/proc/PID/environ``); empty when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def status_field(pid: int, name: str) -> str | None:
+    """One line's value of ``/proc/PID/status`` (``VmRSS`` -> ``"123 kB"``, ``SigCgt`` -> a hex mask)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(f"{name}:")), None)

@@ -36,14 +36,14 @@ from tests.api.conftest import PG_SERVER, Keys, add_job
 from tests.api.live import serve
 from trainjobs.sse import iter_events
 
+pytestmark = pytest.mark.both_databases
+
 # What a worker does, in a process of its own: append a metric, or end the job.
 WRITER = """
 import sys
 from service_core.db.jobstore import add_events, transition
 from service_core.db.session import session_scope
 from service_core.status import JobStatus
-
-pytestmark = pytest.mark.both_databases
 url, job_id, what = sys.argv[1:]
 with session_scope(url) as session:
     if what == "metric":

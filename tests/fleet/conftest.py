@@ -1,4 +1,5 @@
-"""The fleet fixtures: one network of hosts for the session, workers started per test on its own queue."""
+"""The fleet fixtures: one network of hosts for the package (its tests run as one unit on one xdist
+worker, and the hosts end with them), workers started per test on its own queue."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .netns import netns_unavailable
 from .stack import Fleet, fleet, new_queue, upload_csv
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fleet_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """An API host and two worker hosts in network namespaces, on PostgreSQL, Redis and SeaweedFS."""
     if why := netns_unavailable():
@@ -30,7 +31,7 @@ def queue(fleet_stack: Fleet) -> Iterator[str]:
     fleet_stack.stop_workers(name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sentiment_dataset(fleet_stack: Fleet, tmp_path_factory: pytest.TempPathFactory) -> str:
     """64 reviews uploaded once through the API host (8 steps an epoch); returns the dataset id."""
     files = write_sentiment_csv(tmp_path_factory.mktemp("fleet-data"), n_train=64, n_val=8)

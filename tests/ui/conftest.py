@@ -49,7 +49,10 @@ class DevService:
         return Client(self.url, self.key)
 
 
-@pytest.fixture(scope="session")
+# Package scope: the browser tests run as one unit on one xdist worker (tests/conftest.py), and the
+# service and Playwright (whose event loop takes over the main thread's asyncio) end with the unit
+# rather than living on under the tests the worker runs next.
+@pytest.fixture(scope="package")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevService]:
     """``trainjobs dev --example`` on a free port with a temporary home (SQLite, embedded broker)."""
     home = tmp_path_factory.mktemp("ui") / "var"
@@ -88,7 +91,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevService]:
             process.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[playwright_sync.Browser]:
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` (make test does this as root)")

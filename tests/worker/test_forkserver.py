@@ -22,16 +22,11 @@ from worker.execute import execute_job
 from worker.forkserver import ForkedRun, ForkServer, fork_server_pid, start_fork_server, start_run, stop_fork_server
 from worker.lease import kill_own_runs
 from worker.paths import run_paths
-from worker.procfs import parent_of
+from worker.procfs import environ, parent_of
 from worker.run_env import run_environment
 
 from .conftest import JobFactory, group_members, load_job, quick_spec
 from .test_supervisor import start_in_thread, wait_for
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +84,7 @@ def test_a_forked_run_is_a_clean_process_and_cancel_stops_its_group(
     pid = int(run_paths(job_id, sqlite_settings).pid_file.read_text())
     assert parent_of(pid) == fork_server_pid() == warm.proc.pid  # forked, not a fresh interpreter
     assert os.getsid(pid) == pid and os.getpgid(pid) == pid  # a session and group of its own
-    env = environ_of(pid)
+    env = environ(pid)
     assert "TRAINJOBS_SECRET_KEY" not in env and "TRAINJOBS_API_KEY" not in env
     assert env["PYTHONUNBUFFERED"] == "1" and env["HF_HUB_OFFLINE"] == "1"
     wait_for(lambda: len(group_members(pid)) >= 2, 30, "the dataloader worker to start")

@@ -26,6 +26,7 @@ from trainer_core.spec import parse_spec
 from worker.execute import requeue_after_shutdown, restart
 from worker.outcome import RunOutcome
 from worker.paths import host_name, run_paths
+from worker.procfs import cmdline
 from worker.recovery import recover_orphaned_jobs
 
 from .conftest import JobFactory, load_job, quick_spec
@@ -123,9 +124,8 @@ def test_a_leftover_run_of_a_dead_supervisor_is_killed(sqlite_settings: Settings
     paths.work_dir.mkdir(parents=True)
     # Stands in for an orphaned training process: same session trick, "trainjobs" in its command line.
     orphan = subprocess.Popen(["bash", "-c", "exec -a trainjobs-run sleep 60"], start_new_session=True)
-    cmdline = Path(f"/proc/{orphan.pid}/cmdline")
     for _ in range(100):  # until bash has exec'd into the renamed sleep
-        if cmdline.read_bytes().startswith(b"trainjobs-run"):
+        if cmdline(orphan.pid).startswith(b"trainjobs-run"):
             break
         time.sleep(0.05)
     paths.pid_file.write_text(str(orphan.pid))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from sqlalchemy import update
 
@@ -11,6 +9,7 @@ from service_core.db import Job
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from worker.execute import run_paths
+from worker.procfs import environ
 from worker.run_env import run_env
 
 from .conftest import JobFactory, load_job, quick_spec
@@ -22,11 +21,6 @@ SECRETS = {
     "DATABASE_URL": "postgresql+psycopg://trainjobs:dbpass@db.internal/trainjobs",
     "BROKER_URL": "redis://:brokerpass@redis.internal:6379/0",
 }
-
-
-def process_env(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
 def test_run_env_keeps_what_training_needs_and_drops_the_rest() -> None:
@@ -63,7 +57,7 @@ def test_a_real_run_has_no_service_secrets_in_its_environment(
     job_id = make_job(sqlite_settings, quick_spec(sentiment_files, num_train_epochs=200))
     thread, result = start_in_thread(job_id, sqlite_settings)
     wait_for(lambda: load_job(sqlite_settings, job_id).progress_step >= 1, 90, "the run to make progress")
-    env = process_env(int(run_paths(job_id, sqlite_settings).pid_file.read_text()))
+    env = environ(int(run_paths(job_id, sqlite_settings).pid_file.read_text()))
     with session_scope(sqlite_settings.database_url) as s:
         s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
     thread.join(60)

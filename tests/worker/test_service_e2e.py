@@ -24,6 +24,7 @@ from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason
 from tests.trainer_core.datagen import write_sentiment_csv
+from worker.procfs import cmdline
 from worker.zygote import MARKER
 
 from .conftest import create_pg_database, drop_pg_database, group_members, make_settings, quick_spec
@@ -192,7 +193,7 @@ def test_cancel_queued_running_and_finished_jobs(redis_service: LiveService) -> 
             time.sleep(0.2)
         pgid = int((service.settings.home / "runs" / running_id / "run.pid").read_text())
         # The slot forked the run from its pre-imported parent (worker/forkserver.py), not a new interpreter.
-        assert MARKER.encode() in Path(f"/proc/{pgid}/cmdline").read_bytes()
+        assert MARKER.encode() in cmdline(pgid)
         assert client.post(f"/v1/jobs/{running_id}/cancel").status_code == 202
         job = wait_status(client, running_id, {"cancelled", "failed", "succeeded"}, timeout=60)
         assert job["status"] == "cancelled"

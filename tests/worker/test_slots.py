@@ -8,21 +8,15 @@ import time
 from pathlib import Path
 
 from worker.main import start_slots, stop_slots
+from worker.procfs import environ, status_field
 
 from .conftest import make_settings
 
 
-def environ_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-
-
 def catches_sigterm(pid: int) -> bool:
     """Whether the process has a handler for SIGTERM (the SigCgt mask in /proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
-    return False
+    mask = status_field(pid, "SigCgt")
+    return mask is not None and bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
 
 
 def test_one_slot_per_gpu_with_its_device(tmp_path: Path) -> None:
@@ -30,7 +24,7 @@ def test_one_slot_per_gpu_with_its_device(tmp_path: Path) -> None:
     procs = start_slots(["slot-test"], ["0", "1"], settings)
     try:
         assert len(procs) == 2
-        envs = [environ_of(p.pid) for p in procs]
+        envs = [environ(p.pid) for p in procs]
         assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1"]
         assert all(e["TRAINJOBS_HOME"] == str(tmp_path) for e in envs)
         assert all(e["ARTIFACTS_ROOT"] == str(tmp_path / "store") for e in envs)
