@@ -59,6 +59,9 @@ ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]  # th
 # arrives as the text `false` or `{}`, a valid name and a valid file, so type violations there cannot
 # be refused. The upload's real limits (name length and NUL, file names) are pinned in test_datasets.
 MULTIPART = [("POST", "/v1/datasets")]
+# A query parameter the route does not declare is ignored, as on every GET (FastAPI's rule): a negative
+# case that only adds one to the log page, reached from a job the state machine made, gets its 200.
+IGNORED_QUERY = [("GET", "/v1/jobs/{job_id}/logs")]
 NEGATIVE_REFUSED = ["400", "401", "403", "404", "405", "406", "409", "415", "422", "428", "429", "5xx"]
 
 CASES: dict[str, int] = {"stateless": 0, "stateful": 0}
@@ -101,7 +104,7 @@ def load_schema() -> OpenApiSchema:
             "include-path": path,
             "checks": {"negative_data_rejection": {"expected-statuses": [*NEGATIVE_REFUSED, "201"]}},
         }
-        for method, path in MULTIPART
+        for method, path in MULTIPART + IGNORED_QUERY
     ]
     config = schemathesis.Config.from_dict(
         {

@@ -72,7 +72,8 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deplo
     queue = f"lease-{uuid.uuid4().hex[:8]}"
     shared = tmp_path / "shared"
     shared.mkdir()
-    env = {**SHORT, "ARTIFACTS_ROOT": str(shared / "artifacts")}
+    # One data root for both machines (a shared mount): the run re-checks its paths under it.
+    env = {**SHORT, "ARTIFACTS_ROOT": str(shared / "artifacts"), "DATA_ROOT": str(shared / "data")}
     pg_name = None
     if request.param == "embedded":
         env.update(
@@ -161,7 +162,7 @@ def test_a_frozen_slot_is_fenced_out_and_the_job_ends_once(
     deployment: Deployment, workers: Callable, tmp_path: Path
 ) -> None:
     a, b = deployment.settings("a"), deployment.settings("b")
-    files = write_sentiment_csv(tmp_path / "data", n_train=64, n_val=16)
+    files = write_sentiment_csv(tmp_path / "shared" / "data", n_train=64, n_val=16)
     # 64 steps (~20 ms each on an idle machine) with a checkpoint every 5: it is frozen mid-run.
     spec = quick_spec(files, num_train_epochs=8, eval_strategy="no", save_steps=5)
     job_id = submit(a, spec, send=True, queue=deployment.queue)
