@@ -1,5 +1,5 @@
 """Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 server; and how
-``make test`` spreads the suite over both cores (``pytest -n 2``)."""
+``pytest -n 2`` spreads the suite over both cores (``make test`` still runs it serially)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ what it needs is a handful of fields (state, parent, process group, command line
 tests for them; it also has no process group (``os.getpgid`` answers only for live processes,
 while the sweep must see a zombie's). Reading the files is a few lines each, tested on every run.
 
-``/proc/PID/stat``'s second field (the command name) is in parentheses and may itself hold spaces and ``)``, so the
-fields are split after its *last* ``)``; what follows starts with the state (``R``, ``S``, ``T``,
+``/proc/PID/stat``'s second field (the command name) is in parentheses and may itself hold spaces
+and ``)``, so the fields are split after its *last* ``)``; what follows starts with the state (``R``, ``S``, ``T``,
 ``Z``...), then the parent pid and the process group (proc(5)).
 """
 
