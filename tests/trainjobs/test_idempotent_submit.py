@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from api.idempotency import FAULT_EXIT_ENV, FAULT_EXIT_STATUS
@@ -21,6 +23,7 @@ from tests.trainer_core.datagen import write_sentiment_csv
 from tests.trainjobs.conftest import job_spec
 from tests.trainjobs.live import LiveService
 from tests.worker.conftest import create_pg_database, drop_pg_database
+from trainjobs.client import Client, ConnectionFailed
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -85,3 +88,18 @@ def test_the_client_retries_an_upload_whose_answer_was_lost_and_one_dataset_exis
         stored = client.datasets()
     assert [d["id"] for d in stored] == [result["dataset"]["id"]]
     assert len(list((service.data_root / "uploads").rglob("reviews.csv"))) == 1  # one stored copy
+
+
+def test_a_service_not_there_at_all_is_reported_after_one_try(tmp_path: Path) -> None:
+    """Nothing listens on the port: the first try cannot connect, so nothing was sent, and the client
+    says so at once instead of trying again for ``retry_max_s`` (a wrong URL is the user's to fix)."""
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spec = job_spec(write_sentiment_csv(tmp_path / "sentiment", n_train=4, n_val=2), "nowhere")
+    sent: list[httpx.Request] = []
+    with Client(f"http://127.0.0.1:{port}", "key", retry_max_s=3) as client:
+        client._http.event_hooks["request"].append(sent.append)
+        with pytest.raises(ConnectionFailed, match=f"cannot reach http://127.0.0.1:{port}"):
+            client.submit(spec)
+    assert len(sent) == 1, f"{len(sent)} tries at a service that is not there"
