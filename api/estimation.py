@@ -8,10 +8,17 @@ routes call this inside ``run_in_threadpool``, so the event loop stays free whil
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
 from api.problems import Problem
+from service_core.db import Job
 from service_core.settings import Settings
+from service_core.status import JobStatus
 from trainer_core.memory_overhead import overhead_mb_to_bytes
 from trainer_core.spec import JobSpec
 
@@ -103,3 +110,102 @@ def over_budget_advice(plan_body: dict[str, Any]) -> str:
         f"nothing the planner tried fits; the smallest footprint found is {gib(plan_body['minimum_total_bytes'])} "
         f"with {changes_text(plan_body['minimum_changes'])}; use a queue with more memory or a smaller model"
     )
+
+
+# A queue's history of finished jobs changes slowly: read it at most once a minute per API process
+# (keyed by database and queue).
+HISTORY_TTL_S = 60.0
+_history: dict[tuple[str, str], tuple[float, list[Any]]] = {}
+_history_lock = threading.Lock()
+
+
+def queue_history(sessions: sessionmaker[Session], queue: str) -> list[Any]:
+    """The queue's newest succeeded jobs as time observations (oldest first): the work each was
+    counted to do, scaled to the samples it trained, over the seconds it trained."""
+    from trainer_core.time_estimate import HISTORY, Observation
+
+    now, key = time.monotonic(), (str(sessions.kw.get("bind")), queue)
+    with _history_lock:
+        cached = _history.get(key)
+    if cached is not None and now - cached[0] < HISTORY_TTL_S:
+        return cached[1]
+    with sessions() as session:
+        # ix_jobs_status_created serves this (newest succeeded first); the queue is filtered here.
+        rows = session.execute(
+            select(Job.queue, Job.estimate, Job.final_metrics)
+            .where(Job.status == JobStatus.succeeded.value)
+            .order_by(Job.created_at.desc(), Job.id.desc())
+            .limit(10 * HISTORY)
+        ).all()
+    observations = []
+    for job_queue, est, final in rows:
+        counted = (est or {}).get("time")
+        if job_queue != queue or not counted or not final:
+            continue
+        samples, seconds = final.get("train_samples"), final.get("train_runtime_s")
+        if not samples or not seconds or not counted.get("train_samples"):
+            continue
+        share = samples / counted["train_samples"]  # a resumed run reports its last session only
+        observations.append(Observation((counted["train_flops"] + counted["eval_flops"]) * share, float(seconds)))
+        if len(observations) == HISTORY:
+            break
+    observations.reverse()
+    with _history_lock:
+        _history[key] = (now, observations)
+    return observations
+
+
+def time_estimate(
+    spec: JobSpec, queue: str, train_rows: int | None, eval_rows: int, settings: Settings,
+    sessions: sessionmaker[Session],
+) -> dict[str, Any] | None:  # fmt: skip
+    """The time part of a job's estimate (issue 29): its counted work, and the seconds it will take on
+    its queue's device at the efficiency the queue's finished jobs showed; None when the model's work
+    is not modelled (conv nets, audio) or the data's rows are unknown (preflight's count at submit,
+    ``train_rows`` in an estimate request)."""
+    from trainer_core.flops import NotModelled, run_samples, sample_flops
+    from trainer_core.memory.parameters import model_structure
+    from trainer_core.time_estimate import calibrate, device_peak, predict_seconds
+
+    if not train_rows:
+        return None
+    try:
+        # The structure the memory estimate built (cached; its head has the config's label count,
+        # which moves the count by a head's few multiply-adds a sample).
+        sample = sample_flops(model_structure(spec.model, spec.task), spec)
+    except NotModelled as exc:
+        logger.info("no time estimate for job %r: %s", spec.name, exc)
+        return None
+    except (TypeError, ValueError):  # a config without the sizes the count reads: no time part, no 500
+        logger.warning("no time estimate for job %r: its model's sizes could not be read", spec.name, exc_info=True)
+        return None
+    steps, samples, eval_samples = run_samples(spec, train_rows, eval_rows, spec.resources.num_processes)
+    device = settings.queue_devices.get(queue)
+    dtype = {"bf16": "bf16", "fp16": "fp16"}.get(spec.efficiency.mixed_precision, "fp32")
+    # Without a device the rate itself is learned (a peak of 1 FLOP/s makes the efficiency the rate).
+    peak = device_peak(device, dtype) * spec.resources.num_processes if device else 1.0  # type: ignore[arg-type]
+    calibration = calibrate(queue_history(sessions, queue), peak)
+    train_flops, eval_flops = sample.train * samples, sample.forward * eval_samples
+    body: dict[str, Any] = {
+        "device": device, "dtype": dtype, "peak_flops": peak if device else None,
+        "tokens_per_sample": sample.tokens, "steps": steps, "train_samples": samples, "eval_samples": eval_samples,
+        "flops_per_train_sample": sample.train, "flops_per_eval_sample": sample.forward,
+        "train_flops": train_flops, "eval_flops": eval_flops, "formula": sample.formula,
+        "calibration": {"jobs": calibration.jobs, "calibrated": calibration.calibrated,
+                        "efficiency": calibration.efficiency if device else None, "spread": calibration.spread},
+    }  # fmt: skip
+    if not calibration.calibrated and not device:
+        body["seconds"] = None
+        body["note"] = (f"uncalibrated: queue {queue!r} has fewer finished jobs than needed and no device in "
+                        "TRAINJOBS_QUEUE_DEVICES")  # fmt: skip
+        return body
+    predicted = predict_seconds(train_flops + eval_flops, peak, calibration)
+    rate = peak * calibration.efficiency
+    body |= {
+        "seconds": predicted.seconds, "seconds_p10": predicted.low, "seconds_p90": predicted.high,
+        "train_seconds": train_flops / rate, "eval_seconds": eval_flops / rate,
+        "samples_per_second": rate / sample.train, "tokens_per_second": rate / sample.train * sample.tokens,
+    }  # fmt: skip
+    if not calibration.calibrated:
+        body["note"] = f"uncalibrated: the prior efficiency, until queue {queue!r} has finished jobs to learn from"
+    return body

@@ -26,7 +26,20 @@ from api.event_listeners import ListenerState, start_event_feed
 from api.openapi import install_openapi
 from api.problems import install_problem_handlers
 from api.quotas import QuotaMiddleware, RateLimiter
-from api.routes import artifacts, dashboard, datasets, downloads, estimates, events, health, jobs, keys, logs, metrics
+from api.routes import (
+    artifacts,
+    checkpoints,
+    dashboard,
+    datasets,
+    downloads,
+    estimates,
+    events,
+    health,
+    jobs,
+    keys,
+    logs,
+    metrics,
+)
 from api.routes.prometheus import install_metrics
 from api.streams import StreamSlots
 from api.uploads import BodyLimitMiddleware
@@ -46,6 +59,7 @@ ROUTERS: list[APIRouter] = [
     logs.router,
     artifacts.router,
     downloads.router,
+    checkpoints.router,
     datasets.router,
     estimates.router,
     keys.router,

@@ -6,6 +6,10 @@ one (worker/execute.py). An upload puts every file first and ``manifest.json`` (
 sha256, the step, the attempt) last, so a checkpoint counts only once whole: an upload cut off by a
 lost host leaves a folder without a manifest, which listing ignores. A download checks every size and
 hash before the checkpoint appears, under its local name, in one rename.
+
+:func:`job_checkpoints` is what users see (the API's list and download): the store's complete
+checkpoints and, for steps that have not landed there, the artifacts root's own ``checkpoint-<step>``
+folders (a local root is trained into directly: there a folder is complete once its meta file is).
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from service_core.artifacts import ArtifactStore, clean_relative_path
-from trainer_core.checkpoint import checkpoint_dir
+from trainer_core.checkpoint import CHECKPOINT_PREFIX, META_FILE, checkpoint_dir
 
 log = logging.getLogger(__name__)
 
@@ -165,3 +170,52 @@ class CheckpointStore:
         for step in sorted(doomed):
             self.delete(step)
         return sorted(doomed)
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A complete checkpoint as users see it: its ``folder`` (relative to the job's artifacts) and files."""
+
+    step: int
+    folder: str  # checkpoints/<step> (the store's) or checkpoint-<step> (a run's own, on the root)
+    files: list[ManifestEntry]  # sha256 empty where the folder has no manifest
+    taken_at: datetime
+
+    @property
+    def size(self) -> int:
+        return sum(entry.size for entry in self.files)
+
+
+def _modified(fs: Any, path: str) -> datetime:
+    when: datetime = fs.modified(path)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def job_checkpoints(artifacts_root: str, job_id: str) -> dict[int, StoredCheckpoint]:
+    """A job's complete checkpoints by step, oldest first: the store's (manifest committed) and, for
+    steps not there, the artifacts root's ``checkpoint-<step>`` folders with their meta file. One that
+    rotation removes while it is read is left out."""
+    store = CheckpointStore(artifacts_root, job_id)
+    job_dir = posixpath.dirname(store.base)
+    found: dict[int, StoredCheckpoint] = {}
+    for step in store.steps():
+        with contextlib.suppress(FileNotFoundError):
+            entries = [ManifestEntry(**item) for item in store.manifest(step)["files"]]
+            taken = _modified(store.fs, f"{store.step_dir(step)}/{MANIFEST}")
+            found[step] = StoredCheckpoint(step, f"{CHECKPOINTS_DIR}/{step}", entries, taken)
+    try:
+        children = store.fs.ls(job_dir, detail=False)
+    except FileNotFoundError:
+        children = []
+    for child in children:
+        name = posixpath.basename(child.rstrip("/"))
+        step_text = name.removeprefix(CHECKPOINT_PREFIX)
+        if name == step_text or not step_text.isdigit() or int(step_text) in found:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            taken = _modified(store.fs, f"{child}/{META_FILE}")  # none yet: still being written
+            files = store.fs.find(child, detail=True)
+            entries = [ManifestEntry(posixpath.relpath(path, child), int(info.get("size") or 0), "")
+                       for path, info in sorted(files.items())]  # fmt: skip
+            found[int(step_text)] = StoredCheckpoint(int(step_text), name, entries, taken)
+    return dict(sorted(found.items()))

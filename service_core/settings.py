@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer_core.memory_overhead import OVERHEAD_ENV
+from trainer_core.time_estimate import DEVICES
 
 DEV_SECRET = "dev-insecure-secret-change-me"
 
@@ -44,6 +45,9 @@ class Settings(BaseSettings):
     default_queue: str = Field(default="default", validation_alias="TRAINJOBS_DEFAULT_QUEUE")
     # queue name -> per-device GPU memory budget in GB, e.g. {"gpu-24g": 24, "gpu-80g": 80}
     queue_budgets: dict[str, float] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_BUDGETS")
+    # queue name -> the device its workers train on, a name of trainer_core.time_estimate.DEVICES,
+    # e.g. {"gpu-80g": "H100-SXM"}: the peak the time estimate scales (issue 29)
+    queue_devices: dict[str, str] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_DEVICES")
     memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias=OVERHEAD_ENV)  # MiB
     # Fault tolerance (README "Operations"): a running job's heartbeat lease, the sweep that requeues
     # expired ones, and how old a queued job's message must be before the sweep re-sends it.
@@ -94,10 +98,18 @@ class Settings(BaseSettings):
             return value.rstrip("/")
         return value
 
-    @field_validator("queue_budgets", mode="before")
+    @field_validator("queue_budgets", "queue_devices", mode="before")
     @classmethod
-    def _parse_budgets(cls, value: object) -> object:
+    def _parse_json_maps(cls, value: object) -> object:
         return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("queue_devices")
+    @classmethod
+    def _known_devices(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value.values()) - set(DEVICES))
+        if unknown:
+            raise ValueError(f"unknown device(s) {unknown}; known: {', '.join(DEVICES)}")
+        return value
 
     @property
     def database_url(self) -> str:

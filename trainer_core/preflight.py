@@ -43,6 +43,10 @@ class PreflightReport:
 
     checks: list[str] = field(default_factory=list)
     splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The rows the run trains and evaluates on (after an eval_fraction hold-out), as counted above:
+    # what the time estimate's steps and samples follow (trainer_core/flops.py).
+    train_rows: int | None = None
+    eval_rows: int | None = None
     labels: list[str] | None = None
     labels_complete: bool = False
     columns: list[str] = field(default_factory=list)
@@ -206,13 +210,16 @@ def _chosen_splits(
             raise SpecError([FieldError("dataset.eval_fraction", message)])
         report.splits["eval_fraction"] = {"rows": held, "exact": train.exact}
         report.splits[ds.train_split] = {"rows": train.num_rows - held, "exact": train.exact}
+        report.train_rows, report.eval_rows = train.num_rows - held, held
         return train, None
+    report.train_rows, report.eval_rows = train.num_rows, 0
     if eval_rows is None:
         return train, None
     name = next(n for n, h in heads.items() if h.rows is eval_rows)
     if heads[name].num_rows < 1:
         where = "dataset.eval_split" if ds.eval_split is not None else f"dataset.data_files.{name}"
         raise SpecError([FieldError(where, f"the {name!r} split has no rows to evaluate on")])
+    report.eval_rows = heads[name].num_rows
     return train, heads[name]
 
 

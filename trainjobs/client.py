@@ -8,8 +8,9 @@
 Every error answer of the API becomes an :class:`ApiError` carrying its problem+json body.
 
 A submit (:meth:`Client.submit`, :meth:`Client.upload_dataset`) carries one ``Idempotency-Key`` for all
-its tries and is sent again after a connection error or a 502/503/504: the service answers a repeated
-key with the first answer, so a retry of a submit whose answer was lost never creates a second job.
+its tries and is sent again after a connection error or a 502/503/504 (a first try that cannot connect
+at all fails at once): the service answers a repeated key with the first answer, so a retry of a
+submit whose answer was lost never creates a second job.
 """
 
 from __future__ import annotations
@@ -161,14 +162,22 @@ class Client:
     def _create(self, url: str, key: str | None, **kwargs: Any) -> Any:
         """POST a submit until it is answered, every try with the same ``Idempotency-Key`` (a new one
         unless given): after a connection error or a 502/503/504 it is sent again, 0.25 s later, doubling
-        up to 5 s, for up to ``retry_max_s``."""
+        up to 5 s, for up to ``retry_max_s``.
+
+        A first try that cannot even connect fails at once: nothing was sent, and a service that is
+        not there at all (a wrong URL, a stopped server) is the user's to fix, not a 2-minute wait.
+        Once a try may have reached the service (or it answered 502/503/504), a restart in between is
+        waited out."""
         headers = {"Idempotency-Key": key or uuid.uuid4().hex}
-        delay, started = 0.25, time.monotonic()
+        delay, started, tries = 0.25, time.monotonic(), 0
         while True:
+            tries += 1
             try:
                 response = self._http.request("POST", url, headers=headers, **kwargs)
             except httpx.TransportError as exc:
                 failure: TrainjobsError = ConnectionFailed(f"cannot reach {self.base_url}: {exc}")
+                if tries == 1 and isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+                    raise failure from exc
                 log.debug("submit to %s failed (%s); sending it again", url, exc)
             else:
                 if response.status_code < 400:
@@ -378,9 +387,7 @@ class Client:
         items: JsonList = data.get("items", data) if isinstance(data, Mapping) else data
         return items
 
-    def download(
-        self, job_id: str, path: str, dest: str | Path, progress: Callable[[int], None] | None = None
-    ) -> Path:
+    def download(self, job_id: str, path: str, dest: str | Path, progress: Callable[[int], None] | None = None) -> Path:
         """Stream one artifact to ``dest``; returns the file written.
 
         ``dest`` is a folder (created when missing, the artifact keeps its file name) when it is one,
@@ -391,8 +398,15 @@ class Client:
         as_folder = target.is_dir() or str(dest).endswith(("/", os.sep)) or (not target.exists() and not target.suffix)
         if as_folder:
             target = target / Path(path).name
+        self._save(f"/v1/jobs/{job_id}/artifacts/{path}", target, progress)
+        return target
+
+    def _save(
+        self, url: str, target: Path, progress: Callable[[int], None] | None, params: dict[str, Any] | None = None
+    ) -> None:
+        """Stream the body of ``GET url`` into the file ``target`` (its folder created)."""
         try:
-            with self._http.stream("GET", f"/v1/jobs/{job_id}/artifacts/{path}") as resp:
+            with self._http.stream("GET", url, params=params) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     raise ApiError.from_response(resp)
@@ -404,7 +418,6 @@ class Client:
                             progress(len(chunk))
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"cannot reach {self.base_url}: {exc}") from exc
-        return target
 
     def download_all(
         self, job_id: str, dest: str | Path, progress: Callable[[int], None] | None = None
@@ -419,6 +432,44 @@ class Client:
             folder.mkdir(parents=True, exist_ok=True)
             written += (self.download(job_id, str(rel), folder, progress),)
         return written
+
+    # checkpoints
+    def checkpoints(self, job_id: str) -> JsonObject:
+        """The job's complete checkpoints (``items``, oldest first) and how the best one is chosen."""
+        result: JsonObject = self._json("GET", f"/v1/jobs/{job_id}/checkpoints")
+        return result
+
+    def checkpoint_step(self, job_id: str, which: str | int) -> int:
+        """The step of a checkpoint named by its step, ``best`` or ``last``; TrainjobsError when the job
+        has none such."""
+        if isinstance(which, int) or str(which).isdigit():
+            return int(which)
+        items = self.checkpoints(job_id)["items"]
+        if which == "last" and items:
+            return int(items[-1]["step"])
+        if which == "best" and (best := [i for i in items if i["is_best"]]):
+            return int(best[0]["step"])
+        if which not in ("best", "last"):
+            raise TrainjobsError(f"checkpoint: {which!r} is not a step, 'best' or 'last'")
+        raise TrainjobsError(f"checkpoint: job {job_id} has no {which} checkpoint yet")
+
+    def download_checkpoint(
+        self, job_id: str, which: str | int, dest: str | Path, *, with_optimizer: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> Path:  # fmt: skip
+        """Download a checkpoint (a step, ``best`` or ``last``) and unpack it into folder ``dest``
+        (created); returns its folder, ``dest/checkpoint-<step>``, which ``from_pretrained`` loads."""
+        step = self.checkpoint_step(job_id, which)
+        folder = Path(dest)
+        archive = folder / f".checkpoint-{step}.zip.part"
+        params = {"with_optimizer": "true"} if with_optimizer else None
+        try:
+            self._save(f"/v1/jobs/{job_id}/checkpoints/{step}.zip", archive, progress, params)
+            with zipfile.ZipFile(archive) as unpacked:
+                unpacked.extractall(folder)  # extractall drops absolute paths and ".." parts
+        finally:
+            archive.unlink(missing_ok=True)
+        return folder / f"checkpoint-{step}"
 
     # estimates, catalog, datasets
     def estimate(

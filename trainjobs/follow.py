@@ -41,6 +41,8 @@ def describe(event: SseEvent) -> str:
         parts.append(f"epoch={data['epoch']:.2f}")
     if isinstance(data.get("values"), Mapping):
         parts += [f"{k}={v}" for k, v in _short(data["values"]).items()]
+    if isinstance(data.get("loss"), int | float):  # a checkpoint's
+        parts.append(f"loss={data['loss']:.4g}")
     if "total_steps" in data:
         parts.append(f"total={data['total_steps']}")
     return f"{head} {' '.join(parts)}"

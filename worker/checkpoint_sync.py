@@ -10,6 +10,11 @@ bytes. One background thread uploads (:class:`service_core.checkpoints.Checkpoin
 upload in flight; a newer checkpoint waits behind it and replaces any older one still waiting, so
 training never waits and the store gets the newest. When the run ends, :meth:`CheckpointUploader.finish`
 uploads what is pending before the slot records the outcome or requeues the job.
+
+The run's ``checkpoint`` event (step, epoch, loss) reaches the job's stream only once that checkpoint's
+manifest is committed: the supervisor hands it to :meth:`CheckpointUploader.describe`, and
+:meth:`CheckpointUploader.poll` returns it for storing after the commit (what commits after the run's
+end is stored by :func:`store_checkpoint_events`).
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from typing import Any
 from sqlalchemy import select
 
 from service_core.checkpoints import CheckpointError, CheckpointStore
-from service_core.db.jobstore import fence
+from service_core.db.jobstore import FencedOut, add_events, fence
 from service_core.db.models import Job
 from service_core.db.session import DATABASE_UNAVAILABLE, session_scope
 from service_core.settings import Settings
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, META_FILE, newest_checkpoint
+from trainer_core.events import Event, make_event, utc_now_iso
+from worker.ingest import event_data, event_time
 from worker.paths import RunPaths, is_local_root
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,8 @@ class CheckpointUploader:
         self.attempt, self.keep, self.may_commit = attempt, keep, may_commit
         self.last_staged = -1
         self.uploaded: list[int] = []  # steps committed to the store, in order
+        self.unannounced: list[int] = []  # committed steps whose checkpoint event is not out yet
+        self.described: dict[int, Event] = {}  # the run's checkpoint events, by step
         self.waiting: tuple[int, Path] | None = None
         self.in_flight: int | None = None
         self.closing = False
@@ -97,9 +106,33 @@ class CheckpointUploader:
         self.thread.start()
         return self
 
-    def poll(self, *, force: bool = False) -> None:
+    def describe(self, event: Event) -> None:
+        """The run's ``checkpoint`` event for a step: announced once that step is in the store."""
+        with self.changed:
+            self.described[int(event["step"])] = event
+
+    def announcements(self, *, final: bool = False) -> list[Event]:
+        """The ``checkpoint`` events of the steps committed since the last call. A step whose event has
+        not come from the run yet waits for it, unless ``final`` (the run has ended): then it is
+        announced with its step alone."""
+        out: list[Event] = []
+        with self.changed:
+            for step in list(self.unannounced):
+                described = self.described.pop(step, None)
+                if described is None and not final:
+                    continue
+                fields = {k: v for k, v in (described or {}).items() if k not in ("event", "time")}
+                out.append({**make_event("checkpoint", **{"step": step, **fields}), "time": utc_now_iso()})
+                self.unannounced.remove(step)
+        return out
+
+    def poll(self, *, force: bool = False) -> list[Event]:
         """Stage the newest complete checkpoint if it is newer than the last one staged (cheap: at most
-        one folder listing every ``POLL_S``)."""
+        one folder listing every ``POLL_S``); returns the checkpoint events to store now."""
+        self._stage_newest(force)
+        return self.announcements()
+
+    def _stage_newest(self, force: bool) -> None:
         now = time.monotonic()
         if not force and now < self.next_poll:
             return
@@ -155,6 +188,8 @@ class CheckpointUploader:
             if not self.store.upload(folder, step, self.attempt, may_commit=self.may_commit):
                 return
             self.uploaded.append(step)
+            with self.changed:
+                self.unannounced.append(step)
             removed = self.store.rotate(self.keep)
         except Exception:  # the store is away or refused: the next checkpoint tries again
             log.exception("job %s: uploading checkpoint %d failed", self.store.job_id, step)
@@ -169,7 +204,7 @@ class CheckpointUploader:
         ``may_commit`` False and leaves no manifest.
         """
         if not abort:
-            self.poll(force=True)
+            self._stage_newest(force=True)
         with self.changed:
             self.closing = True
             if abort and self.waiting is not None:
@@ -237,6 +272,19 @@ def attempt_owns_job(settings: Settings, job_id: str, attempt: int | None) -> bo
             return session.execute(select(Job.id).where(Job.id == job_id, *fence(attempt))).first() is not None
     except DATABASE_UNAVAILABLE:
         return False
+
+
+def store_checkpoint_events(settings: Settings, job_id: str, attempt: int | None, events: list[Event]) -> None:
+    """Store ``checkpoint`` events of uploads committed after the run's own events were written (its
+    last checkpoint); a fenced-out attempt or an absent database loses them, logged."""
+    if not events:
+        return
+    rows = [(str(e["event"]), event_data(e), event_time(e)) for e in events]
+    try:
+        with session_scope(settings.database_url) as session:
+            add_events(session, job_id, rows, attempt=attempt)
+    except (FencedOut, *DATABASE_UNAVAILABLE):
+        log.warning("job %s: %d checkpoint events not stored", job_id, len(events), exc_info=True)
 
 
 def start_uploader(

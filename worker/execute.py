@@ -29,7 +29,7 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX
 from trainer_core.path_guard import Reach
-from worker.checkpoint_sync import resume_phrase, start_uploader
+from worker.checkpoint_sync import resume_phrase, start_uploader, store_checkpoint_events
 from worker.db_retry import retry_database
 from worker.lease import LeaseKeeper
 from worker.oom_retry import retry_after_oom
@@ -151,6 +151,7 @@ def execute_attempt(
             job_id, paths, session_factory(settings), resume=resume, grace_s=settings.cancel_grace_seconds,
             should_stop=should_stop, estimate=estimate, attempt=attempt,
             watch=uploader.poll if uploader is not None else None,
+            on_checkpoint=uploader.describe if uploader is not None else None,
         )  # fmt: skip
     except FencedOut:  # the ingestor already killed the run (worker/ingest.py)
         lease.fenced.set()
@@ -164,6 +165,8 @@ def execute_attempt(
         lease.stop()
     if lease.fenced.is_set():  # a newer attempt owns the job now: write nothing, upload nothing
         return None
+    if uploader is not None:
+        store_checkpoint_events(settings, job_id, attempt, uploader.announcements(final=True))
     if outcome.stopped_by == ErrorReason.shutdown_requeue:
         requeue = lambda: requeue_after_shutdown(job_id, settings, paths, outcome, attempt)  # noqa: E731
         return retry_database(requeue, f"job {job_id}: requeue")

@@ -31,7 +31,7 @@ from worker.lease import fenced_out
 
 SessionFactory = Callable[[], AbstractContextManager[Session]]
 
-STORED_KINDS = ("progress", "metric", "eval", "memory", "log")
+STORED_KINDS = ("progress", "metric", "eval", "memory", "log", "checkpoint")
 PROGRESS_ROWS_PER_SECOND = 5.0
 
 

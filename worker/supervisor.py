@@ -79,15 +79,18 @@ def supervise_run(
     should_stop: Callable[[], bool] = lambda: False,
     estimate: dict[str, Any] | None = None,
     attempt: int | None = None,
-    watch: Callable[[], None] | None = None,
+    watch: Callable[[], list[Event]] | None = None,
+    on_checkpoint: Callable[[Event], None] | None = None,
 ) -> RunOutcome:
     """Start the run, stream its events into the database, stop it when asked; returns how it ended.
 
     ``attempt`` is the claim's fencing token: writes of a stale attempt raise ``FencedOut``. ``watch``
-    is called on every turn of the loop while the run lives (the checkpoint uploader's poll).
+    is called on every turn of the loop while the run lives (the checkpoint uploader's poll); the
+    events it returns are stored with the run's. ``on_checkpoint`` takes the run's ``checkpoint``
+    events instead of the database (the uploader stores each once its checkpoint is in the store).
     """
     run_watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop, attempt=attempt,
-                         watch=watch)  # fmt: skip
+                         watch=watch, on_checkpoint=on_checkpoint)  # fmt: skip
     returncode = run_watch.start_and_watch(resume=resume)
     tail = stderr_tail(paths.log_file, run_watch.log_start)
     return classify_exit(run_watch.done, returncode, run_watch.stopped_by, tail, estimate)
@@ -105,10 +108,11 @@ class RunWatch:
         grace_s: float,
         should_stop: Callable[[], bool],
         attempt: int | None = None,
-        watch: Callable[[], None] | None = None,
+        watch: Callable[[], list[Event]] | None = None,
+        on_checkpoint: Callable[[Event], None] | None = None,
     ) -> None:
         self.job_id, self.paths, self.session_factory = job_id, paths, session_factory
-        self.watch = watch
+        self.watch, self.on_checkpoint = watch, on_checkpoint
         self.grace_s, self.should_stop, self.attempt = grace_s, should_stop, attempt
         self.ingestor = EventIngestor(job_id, session_factory, attempt=attempt)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -151,7 +155,8 @@ class RunWatch:
                     break
                 self.handle_line(line)
                 if self.watch is not None:
-                    self.watch()
+                    for event in self.watch():
+                        self.ingestor.add(event)
                 now = time.monotonic()
                 if self.database.ready(now):
                     self.database_work(proc, now)
@@ -170,6 +175,8 @@ class RunWatch:
                 self.chatter.append(line)
             elif event["event"] == "done":
                 self.done = event
+            elif event["event"] == "checkpoint" and self.on_checkpoint is not None:
+                self.on_checkpoint(event)
             else:
                 self.ingestor.add(event)
 

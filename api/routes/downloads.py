@@ -42,12 +42,13 @@ class _Pipe:
         return data
 
 
-def zip_stream(store: ArtifactStore, job_id: str, paths: list[str]) -> Iterator[bytes]:
-    """The bytes of a zip archive of ``paths`` (relative to the job's folder), chunk by chunk."""
+def zip_stream(store: ArtifactStore, job_id: str, paths: list[str], names: list[str] | None = None) -> Iterator[bytes]:
+    """The bytes of a zip archive of ``paths`` (relative to the job's folder), chunk by chunk; each named
+    in the archive by its path, or by ``names`` (one per path) when given."""
     pipe = _Pipe()
     with zipfile.ZipFile(pipe, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for path in paths:
-            with archive.open(path, "w", force_zip64=True) as member:
+        for path, name in zip(paths, names or paths, strict=True):
+            with archive.open(name, "w", force_zip64=True) as member:
                 for chunk in store.iter_bytes(job_id, path):
                     member.write(chunk)
                     if data := pipe.drain():

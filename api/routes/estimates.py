@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CallerDep, SettingsDep
-from api.estimation import estimate, plan
+from api.deps import CallerDep, SessionFactoryDep, SettingsDep
+from api.estimation import estimate, plan, time_estimate
 from api.paths import check_spec_locations, readable_here
 from api.problems import Problem
 from api.schemas.common import problem_responses
@@ -19,8 +20,11 @@ from trainer_core.spec import JobSpec
 router = APIRouter(prefix="/v1", tags=["estimates"], responses=problem_responses(401, 404, 422))
 
 
-def estimate_response(body: EstimateRequest, settings: Settings) -> EstimateResponse:
-    """The estimator's answer for ``body`` (blocking: a model's first estimate builds it on the meta device)."""
+def estimate_response(
+    body: EstimateRequest, settings: Settings, sessions: sessionmaker[Session] | None = None
+) -> EstimateResponse:
+    """The estimator's answer for ``body`` (blocking: a model's first estimate builds it on the meta
+    device); with ``train_rows`` (and ``sessions``, for the queue's history) also the time part."""
     from trainer_core.memory import TOTAL_FORMULA
 
     result = estimate(body.spec, settings, gpu_memory_gb=body.gpu_memory_gb, devices=body.devices)
@@ -28,18 +32,24 @@ def estimate_response(body: EstimateRequest, settings: Settings) -> EstimateResp
     if body.gpu_memory_gb is not None:
         advice = plan(body.spec, body.gpu_memory_gb, devices=body.devices).model_dump(mode="json")
     # total_formula: so a client without torch renders the same table as `trainjobs estimate`.
-    return EstimateResponse(estimate={**result.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}, plan=advice)
+    answer = {**result.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}
+    if body.train_rows is not None and sessions is not None:
+        queue = body.queue or settings.default_queue
+        answer["time"] = time_estimate(body.spec, queue, body.train_rows, body.eval_rows, settings, sessions)
+    return EstimateResponse(estimate=answer, plan=advice)
 
 
 @router.post("/estimates/memory", response_model=EstimateResponse)
-async def estimate_memory(body: EstimateRequest, settings: SettingsDep, caller: CallerDep) -> EstimateResponse:
+async def estimate_memory(
+    body: EstimateRequest, settings: SettingsDep, caller: CallerDep, sessions: SessionFactoryDep
+) -> EstimateResponse:
     """The estimator's breakdown for a spec; with ``gpu_memory_gb``, also the planner's fitting list.
 
     A spec of the documented shape can still be a 422 naming the field: its model must be one the
     estimator can build, its local paths must lie under the data root, and cross-field rules hold
     (e.g. `efficiency.local_sgd_steps` needs `training.backend: accelerate`).
     """
-    if body.gpu_memory_gb is None and is_warm(body.spec):
+    if body.gpu_memory_gb is None and body.train_rows is None and is_warm(body.spec):
         # A built model's estimate is ~0.05 ms of arithmetic: cheaper on the event loop than the
         # hand-off to a thread (and back) it would otherwise cost. (Warm means a config or catalog
         # model: no location to resolve.)
@@ -47,12 +57,15 @@ async def estimate_memory(body: EstimateRequest, settings: SettingsDep, caller: 
     # A model's first estimate builds it on the meta device (up to seconds), and the planner runs
     # many estimates: off the event loop. Locations resolve as at submit, so the spec a user is about
     # to submit (`models/...` under the data root) is estimated as the run will load it.
-    return await run_in_threadpool(located_estimate, body, settings, None if caller.is_admin else caller.owner)
+    owner = None if caller.is_admin else caller.owner
+    return await run_in_threadpool(located_estimate, body, settings, owner, sessions)
 
 
-def located_estimate(body: EstimateRequest, settings: Settings, owner: str | None) -> EstimateResponse:
+def located_estimate(
+    body: EstimateRequest, settings: Settings, owner: str | None, sessions: sessionmaker[Session]
+) -> EstimateResponse:
     located = readable_here(check_spec_locations(body.spec, settings.data_root_url, owner), settings)
-    return estimate_response(body.model_copy(update={"spec": located}), settings)
+    return estimate_response(body.model_copy(update={"spec": located}), settings, sessions)
 
 
 def is_warm(spec: JobSpec) -> bool:

@@ -45,9 +45,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["events"], responses=problem_respons
 HEARTBEAT_S = 15.0
 BATCH = 500
 TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
-# What an event row's kind can be: the run's own (trainer_core/events.py), the status moves, and the
-# worker's out-of-memory retry records.
-StoredKind = Literal["status", "retry", "progress", "metric", "eval", "memory", "log", "done"]
+# What an event row's kind can be: the run's own (trainer_core/events.py; ``checkpoint`` once the
+# checkpoint is complete, in the object store when that holds them), the status moves, and the worker's
+# out-of-memory retry records.
+StoredKind = Literal["status", "retry", "progress", "metric", "eval", "memory", "log", "checkpoint", "done"]
 
 
 def format_event(row: JobEvent) -> str:

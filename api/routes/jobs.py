@@ -24,7 +24,7 @@ from api.deps import (
     SettingsDep,
     owned_dataset,
 )
-from api.estimation import budget_for, estimate_for_submit, plan
+from api.estimation import budget_for, estimate_for_submit, plan, time_estimate
 from api.idempotency import Idempotency, IdempotencyKeyHeader, KeyTaken, exit_if_asked, fingerprint
 from api.paths import check_spec_locations, readable_here, resolve_uploaded_dataset, store_root
 from api.preflight import run_preflight
@@ -112,6 +112,9 @@ def checked_spec(
     # Preflight first: its messages about the data and the model say more than the estimator's would.
     report = run_preflight(here, warmed_up, store_root=store_root(settings))
     estimate = estimate_for_submit(here, queue, settings)
+    if estimate is not None:  # the time part needs the model the memory estimate sized, and the rows
+        rows = report.get("train_rows"), report.get("eval_rows") or 0
+        estimate["time"] = time_estimate(here, queue, *rows, settings, sessions)
     return spec, queue, dataset_id, estimate, report
 
 

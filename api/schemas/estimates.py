@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler,
 
 from api.schemas.common import as_json_types
 from api.schemas.examples import EXAMPLE_ESTIMATE_REQUEST
+from api.schemas.jobs import QUEUE_PATTERN
 from api.spec_limits import check_document
 from trainer_core.spec import JobSpec
 
@@ -33,6 +34,15 @@ class EstimateRequest(BaseModel):
         default=None, gt=0, le=4096, description="Per-device budget; with it the answer includes the planner's list."
     )
     devices: int | None = Field(default=None, ge=1, le=4096, description="Default: spec.resources.num_processes.")
+    train_rows: int | None = Field(
+        default=None, ge=1, le=10**12, description="Rows to train on; with it the answer includes the `time` part "
+        "(steps, seconds on the queue's device, the calibration used). A submit's dry run counts them itself.",
+    )  # fmt: skip
+    eval_rows: int = Field(default=0, ge=0, le=10**12, description="Rows to evaluate on (with `train_rows`).")
+    queue: str | None = Field(
+        default=None, pattern=QUEUE_PATTERN, description="The queue whose device and history time the job "
+        "(default: the service's default queue).",
+    )  # fmt: skip
 
 
 class EstimateResponse(BaseModel):

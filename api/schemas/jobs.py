@@ -76,6 +76,14 @@ class MemoryComparison(BaseModel):
     measured: dict[str, Any] | None = Field(description="What the run measured (bytes), once it reported.")
 
 
+class TimeComparison(BaseModel):
+    predicted_s: float | None = Field(description="The estimate's training seconds (median), when it made one.")
+    p10_s: float | None = None
+    p90_s: float | None = None
+    calibrated: bool | None = Field(default=None, description="Whether the queue's own finished jobs set the rate.")
+    measured_s: float | None = Field(default=None, description="What the run measured (its last session), once done.")
+
+
 class JobLinks(BaseModel):
     self: str
     events: str
@@ -98,6 +106,7 @@ class JobSummary(BaseModel):
     latest_metrics: dict[str, Any] | None
     final_metrics: dict[str, Any] | None
     memory: MemoryComparison
+    time: TimeComparison | None = Field(default=None, description="Predicted training time beside the measured.")
     error: JobError | None
     waiting: str | None = Field(
         default=None,
@@ -159,6 +168,7 @@ def summary_fields(job: Job) -> dict[str, Any]:
         latest_metrics=job.latest_metrics,
         final_metrics=job.final_metrics,
         memory=MemoryComparison(estimated=estimated, measured=job.measured_memory),
+        time=time_comparison(job),
         error=error,
         waiting=job.waiting_reason if job.status == JobStatus.queued.value else None,
         attempts=job.attempts,
@@ -197,6 +207,26 @@ class MetricPage(BaseModel):
     has_more: bool
 
 
+class CheckpointOut(BaseModel):
+    step: int
+    epoch: float | None = Field(description="The epoch at the newest training-loss point at or before the step.")
+    loss: float | None = Field(description="The training loss at the newest logging step at or before this one.")
+    eval_step: int | None = Field(description="The step of the newest evaluation at or before this one.")
+    eval_metrics: dict[str, float | None] = Field(description="That evaluation's values (empty without one).")
+    size: int = Field(description="Bytes, every file of the checkpoint (the optimizer state included).")
+    created_at: UtcDatetime = Field(description="When the checkpoint was complete (in the store, for an object store).")
+    is_best: bool = Field(description="The best of the job's checkpoints by `best_metric`.")
+    kept: bool = Field(description="Whether retention keeps it: the newest `save_total_limit` are kept.")
+    download_url: str
+
+
+class CheckpointList(BaseModel):
+    items: list[CheckpointOut] = Field(description="Every complete checkpoint, oldest first.")
+    best_metric: str
+    greater_is_better: bool
+    save_total_limit: int | None
+
+
 # `<created_at in microseconds since the epoch>-<job id>`: every string of this form is a position in
 # the list (an unknown one simply starts the page there), so the schema's pattern is exactly what the
 # API accepts. 17 digits reach the year 5138, well inside what datetime holds.
@@ -219,3 +249,18 @@ class Cursor(BaseModel):
         """The position a string matching CURSOR_PATTERN names (the route has checked the pattern)."""
         micros, _, job_id = text.partition("-")
         return cls(created_at=_EPOCH + int(micros) * _MICROSECOND, id=job_id)
+
+
+def time_comparison(job: Job) -> TimeComparison | None:
+    """The time estimate stored at submit beside the run's own ``train_runtime_s``."""
+    predicted = (job.estimate or {}).get("time")
+    if not predicted:
+        return None
+    measured = (job.final_metrics or {}).get("train_runtime_s")
+    return TimeComparison(
+        predicted_s=predicted.get("seconds"),
+        p10_s=predicted.get("seconds_p10"),
+        p90_s=predicted.get("seconds_p90"),
+        calibrated=predicted.get("calibration", {}).get("calibrated"),
+        measured_s=float(measured) if measured is not None else None,
+    )

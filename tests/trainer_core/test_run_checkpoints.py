@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from tests.trainer_core.runhelpers import BACKENDS, assert_same_weights, done_event, run, text_spec
+from tests.trainer_core.runhelpers import BACKENDS, assert_same_weights, done_event, run, text_spec, weights
 from trainer_core.checkpoint import META_FILE, complete_checkpoints
 from trainer_core.events import Event
 from trainer_core.run import train_job
@@ -25,8 +27,15 @@ def test_checkpoints_every_save_steps_and_at_the_end_keeping_the_limit(tmp_path:
         tmp_path / "data", backend, n_train=32,
         training={"max_steps": 10, "per_device_train_batch_size": 8, "save_steps": 4, "save_total_limit": 2},
     )
-    status, _ = run(spec, tmp_path / "out")
+    status, events = run(spec, tmp_path / "out")
     assert status == "succeeded"
+    # One checkpoint event per save (rotated ones too): its step, and the last loss logged at or before it.
+    losses = {e["step"]: e["values"]["loss"] for e in events.of_kind("metric")}
+    saved = events.of_kind("checkpoint")
+    assert [e["step"] for e in saved] == [4, 8, 10]
+    for event in saved:
+        assert event["loss"] == ([v for s, v in sorted(losses.items()) if s <= event["step"]] or [None])[-1]
+        assert isinstance(event["epoch"], float)
     # Saved at 4, 8 and 10 (the end); the limit of 2 keeps the newest two.
     kept = complete_checkpoints(tmp_path / "out")
     assert [p.name for p in kept] == ["checkpoint-8", "checkpoint-10"]
@@ -39,6 +48,11 @@ def test_checkpoints_every_save_steps_and_at_the_end_keeping_the_limit(tmp_path:
         assert meta["spec"] == spec.model_dump(mode="json")
     # The last checkpoint holds the final weights.
     assert_same_weights(tmp_path / "out", tmp_path / "out" / "checkpoint-10")
+    # And loads on its own, tokenizer included (what a checkpoint download serves): the final weights.
+    loaded = AutoModelForSequenceClassification.from_pretrained(kept[-1]).state_dict()
+    for name, tensor in weights(tmp_path / "out").items():
+        torch.testing.assert_close(loaded[name], tensor, msg=f"parameter {name} differs")
+    assert AutoTokenizer.from_pretrained(kept[-1])("a fine film")["input_ids"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -33,6 +33,7 @@ from trainer_core.backends.common import (
     eval_values,
     plan_steps,
     save_final_extras,
+    save_processor,
     train_summary,
 )
 from trainer_core.backends.context import BackendResult, RunContext
@@ -115,11 +116,21 @@ def evaluate(
     )
 
 
-def _save_checkpoint(accelerator: Accelerator, ctx: RunContext, progress: TrainProgress) -> None:
+def _save_checkpoint(book: _Bookkeeping, progress: TrainProgress, epoch: float) -> None:
+    accelerator, ctx = book.accelerator, book.ctx
     ckpt = checkpoint_dir(ctx.output_dir, progress.global_step)
     accelerator.save_state(str(ckpt))  # every rank: each saves its own RNG state
     if accelerator.is_main_process:
+        # What from_pretrained needs beside save_state's weights, so that a checkpoint loads on its own:
+        # the config (an adapter: its own files, save_state keeps only the trainable tensors), the tokenizer.
+        model: Any = book.unwrapped  # a transformers model, or a PEFT one
+        if ctx.spec.adapter is not None:
+            model.save_pretrained(str(ckpt))  # adapter_model.safetensors, adapter_config.json
+        else:
+            model.config.save_pretrained(str(ckpt))
+        save_processor(ctx.data.processor, ckpt)
         write_meta(ckpt, ctx.spec, progress, "accelerate")
+        book.events.checkpoint_saved(progress.global_step, epoch)
         rotate_checkpoints(ctx.output_dir, ctx.spec.training.save_total_limit)
     accelerator.wait_for_everyone()
 
@@ -209,7 +220,7 @@ class _Bookkeeping:
         if self.global_step % t.save_steps == 0 or self.finished or stop:
             at_end = batch_index >= self.plan.batches_per_epoch
             where = (epoch + 1, 0) if at_end else (epoch, batch_index)
-            _save_checkpoint(self.accelerator, self.ctx, TrainProgress(self.global_step, *where))
+            _save_checkpoint(self, TrainProgress(self.global_step, *where), epoch_float)
         return stop and not self.finished
 
     def evaluate(self, epoch_float: float) -> None:

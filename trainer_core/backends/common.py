@@ -140,6 +140,7 @@ class RunEvents:
         self.memory_sent = False
         self.last_eval: dict[str, float] = {}
         self.eval_step = -1
+        self.last_loss: float | None = None
 
     def step_done(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, total_steps: int, epoch: float | None
@@ -152,12 +153,18 @@ class RunEvents:
 
     def metric(self, step: int, epoch: float | None, values: dict[str, Any]) -> None:
         """A ``metric`` event: loss, learning rate and gradient norm at a logging step."""
+        self.last_loss = values.get("loss")
         self.emit(make_event("metric", step=step, epoch=epoch, values=values))
 
     def evaluated(self, step: int, epoch: float | None, values: dict[str, float]) -> None:
         """An ``eval`` event; its values become the run's final evaluation unless another follows."""
         self.last_eval, self.eval_step = values, step
         self.emit(make_event("eval", step=step, epoch=epoch, values=values))
+
+    def checkpoint_saved(self, step: int, epoch: float | None) -> None:
+        """A ``checkpoint`` event, once its folder is complete (its meta file written): the step, the
+        epoch and the last training loss logged at or before it."""
+        self.emit(make_event("checkpoint", step=step, epoch=epoch, loss=self.last_loss))
 
 
 def train_summary(runtime_s: float, samples: int, mean_loss: float | None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from trainer_core.backends.common import (
     eval_values,
     plan_steps,
     save_final_extras,
+    save_processor,
     train_summary,
     world_size,
 )
@@ -136,7 +137,9 @@ class _RunCallback(TrainerCallback):
         if state.is_world_process_zero and ckpt.is_dir():
             # Trainer itself resumes by epoch and step from trainer_state.json; the rest is description.
             progress = TrainProgress(state.global_step, int(state.epoch or 0), 0)
+            save_processor(self.ctx.data.processor, ckpt)  # a checkpoint loads on its own, tokenizer included
             write_meta(ckpt, self.ctx.spec, progress, "trainer")
+            self.events.checkpoint_saved(state.global_step, state.epoch)
 
 
 def training_arguments(ctx: RunContext) -> TrainingArguments:

@@ -62,6 +62,33 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(value: Any, width: int, digits: int = 4) -> str:
+    return f"{value:>{width}.{digits}f}" if isinstance(value, int | float) else f"{'-':>{width}}"
+
+
+def checkpoint_table(listing: dict[str, Any]) -> list[str]:
+    """The lines of ``jobs checkpoints``: one row per checkpoint, oldest first (BEST: ``*``)."""
+    metric = str(listing["best_metric"])
+    lines = [f"{'STEP':>8} {'EPOCH':>6} {'LOSS':>9} {metric.upper():>12} {'SIZE':>11}  {'TAKEN (UTC)':<19} BEST KEPT"]
+    for item in listing["items"]:
+        taken = str(item["created_at"])[:19].replace("T", " ")
+        lines.append(f"{item['step']:>8} {_number(item['epoch'], 6, 2)} {_number(item['loss'], 9)} "
+                     f"{_number(item['eval_metrics'].get(metric), 12)} {item['size'] / 2**20:>7.1f} MiB  {taken:<19} "
+                     f"{'*' if item['is_best'] else ' ':<4} {'yes' if item['kept'] else 'no'}")  # fmt: skip
+    return lines
+
+
+@readable_errors
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        listing = client.checkpoints(args.id)
+    for line in checkpoint_table(listing):
+        print(line)
+    if not listing["items"]:
+        print(f"job {args.id} has no complete checkpoint yet", file=sys.stderr)
+    return 0
+
+
 def print_output(client: Client, job_id: str, follow: bool) -> int:
     """The run's combined stdout/stderr on stdout; following, until the job ends, with its exit status."""
     chunks = client.follow_log(job_id) if follow else client.log_text(job_id)
@@ -134,6 +161,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     logs.set_defaults(func=cmd_logs)
 
+    checkpoints = jobs_sub.add_parser("checkpoints", parents=[conn], help="a job's checkpoints as a table")
+    checkpoints.add_argument("id")
+    checkpoints.set_defaults(func=cmd_checkpoints)
     add_download_parser(jobs_sub, conn)
 
     datasets = subparsers.add_parser("datasets", help="upload and list datasets")
