@@ -158,14 +158,16 @@ class CheckpointStore:
             self.fs.rm(target, recursive=True)
         self.fs.invalidate_cache(self.base)
 
-    def rotate(self, keep: int | None) -> list[int]:
-        """Keep the newest ``keep`` complete checkpoints (None keeps all); remove older ones and
-        incomplete uploads older than the newest complete one. Returns the steps removed."""
+    def rotate(self, keep: int | None, protect: int | None = None) -> list[int]:
+        """Keep the newest ``keep`` complete checkpoints (None keeps all) and the one at step ``protect``
+        (the best, trainer_core/best_checkpoint.py) when older; remove other older ones and incomplete
+        uploads older than the newest complete one. Returns the steps removed."""
         folders = self._folders()
         complete = sorted(step for step, whole in folders.items() if whole)
         if not complete:
             return []
-        doomed = complete[: max(len(complete) - keep, 0)] if keep is not None else []
+        older = complete[: max(len(complete) - keep, 0)] if keep is not None else []
+        doomed = [step for step in older if step != protect]
         doomed += [step for step, whole in folders.items() if not whole and step < complete[-1]]
         for step in sorted(doomed):
             self.delete(step)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,3 +116,15 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
 def s3_root(seaweedfs: SeaweedFS) -> str:
     """A fresh ``s3://`` prefix of the session's store for one test."""
     return seaweedfs.url(f"t/{uuid.uuid4().hex[:12]}")
+
+
+def wait_finished(client: Any, job_id: str, timeout: float = 240) -> dict[str, Any]:
+    """Poll ``GET /v1/jobs/{id}`` (an httpx client on the service, authenticated) until the job ended."""
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {job}")

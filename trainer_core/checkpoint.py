@@ -35,9 +35,14 @@ def checkpoint_dir(output_dir: Path, step: int) -> Path:
     return output_dir / f"{CHECKPOINT_PREFIX}{step}"
 
 
-def write_meta(ckpt: Path, spec: JobSpec, progress: TrainProgress, backend: str) -> None:
-    """Write the description that makes ``ckpt`` complete (call after the backend saved its files)."""
-    meta = {**asdict(progress), "backend": backend, "spec": spec.model_dump(mode="json")}
+def write_meta(
+    ckpt: Path, spec: JobSpec, progress: TrainProgress, backend: str, evaluations: dict[str, Any] | None = None
+) -> None:
+    """Write the description that makes ``ckpt`` complete (call after the backend saved its files).
+
+    ``evaluations``: what the run learned from its evaluations so far (the early stopper's count, the
+    best checkpoint), so a resumed run goes on from there (trainer_core/backends/common.RunEvents)."""
+    meta = {**asdict(progress), "backend": backend, "spec": spec.model_dump(mode="json"), **(evaluations or {})}
     tmp = ckpt / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
     tmp.replace(ckpt / META_FILE)  # atomic: the file is either absent or whole
@@ -70,10 +75,12 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def rotate_checkpoints(output_dir: Path, keep: int | None) -> None:
-    """Delete the oldest finished checkpoints so at most ``keep`` remain (None keeps all)."""
+def rotate_checkpoints(output_dir: Path, keep: int | None, protect: int | None = None) -> None:
+    """Delete the oldest finished checkpoints so the newest ``keep`` remain (None keeps all), and the one
+    at step ``protect`` (the best, trainer_core/best_checkpoint.py) when it is older."""
     if keep is None:
         return
     found = complete_checkpoints(output_dir)
     for old in found[: max(len(found) - keep, 0)]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name != f"{CHECKPOINT_PREFIX}{protect}":
+            shutil.rmtree(old, ignore_errors=True)

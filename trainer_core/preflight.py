@@ -214,6 +214,13 @@ def _chosen_splits(
         return train, None
     report.train_rows, report.eval_rows = train.num_rows, 0
     if eval_rows is None:
+        # The run would never evaluate: never stop early, never know a best checkpoint.
+        wants = {"early_stopping": spec.early_stopping is not None,
+                 "training.load_best_model_at_end": spec.training.load_best_model_at_end}  # fmt: skip
+        needs_eval = [field for field, on in wants.items() if on]
+        if needs_eval:
+            message = "needs an eval split: set dataset.eval_split or dataset.eval_fraction, or name one in data_files"
+            raise SpecError([FieldError(field, message) for field in needs_eval])
         return train, None
     name = next(n for n, h in heads.items() if h.rows is eval_rows)
     if heads[name].num_rows < 1:

@@ -140,12 +140,56 @@ class TrainingSpec(StrictModel):
         default=3, ge=0, description="Stop with reason nan_loss after this many logging steps in a row with a "
         "loss that is not finite (0: never)."
     )
+    metric_for_best_model: str = Field(
+        default="eval_loss", min_length=1, max_length=64, pattern=r"^[a-z_]+$",
+        description="What makes a checkpoint the best: an evaluation metric of the run (as `early_stopping.metric`).",
+    )  # fmt: skip
+    greater_is_better: bool | None = Field(
+        default=None, description="For `metric_for_best_model`. Default: false for a loss or perplexity, else true."
+    )
+    keep_best_checkpoint: bool = Field(
+        default=False, description="`save_total_limit` never deletes the best checkpoint (it keeps it and the newest)."
+    )
+    load_best_model_at_end: bool = Field(
+        default=False, description="Export the best checkpoint's weights as the final model (keeps it too). Needs "
+        "`eval_strategy: steps` and `save_steps` a multiple of the evaluation interval.",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _eval_steps(self) -> TrainingSpec:
         if self.eval_steps is not None and self.eval_strategy != "steps":
             raise combination_error("training.eval_steps", "only used with eval_strategy 'steps'")
+        if self.load_best_model_at_end:
+            interval = self.eval_steps or self.logging_steps
+            if self.eval_strategy != "steps" or self.save_steps % interval:
+                raise combination_error(
+                    "training.load_best_model_at_end",
+                    "needs an evaluation at every checkpoint: eval_strategy 'steps' and save_steps "
+                    f"({self.save_steps}) a multiple of eval_steps ({interval})",
+                )
         return self
+
+    @property
+    def best_metric(self) -> str:
+        return metric_key(self.metric_for_best_model)
+
+    @property
+    def best_higher_is_better(self) -> bool:
+        return higher_is_better(self.best_metric, self.greater_is_better)
+
+    @property
+    def keeps_best(self) -> bool:
+        return self.keep_best_checkpoint or self.load_best_model_at_end
+
+
+def metric_key(name: str) -> str:
+    """An evaluation metric as evaluation events name it (``eval_`` prefixed)."""
+    return name if name.startswith("eval_") else f"eval_{name}"
+
+
+def higher_is_better(key: str, explicit: bool | None) -> bool:
+    """``explicit`` when given; else a loss or perplexity is better lower, every other metric higher."""
+    return explicit if explicit is not None else not key.endswith(("loss", "perplexity"))
 
 
 class EfficiencySpec(StrictModel):
@@ -180,6 +224,30 @@ class ResourcesSpec(StrictModel):
     )
 
 
+class EarlyStoppingSpec(StrictModel):
+    """Stop a run whose evaluation metric has not improved for ``patience`` evaluations in a row; the
+    job succeeds with ``stopped_early`` in its final metrics (trainer_core/early_stopping.py)."""
+
+    metric: str = Field(
+        default="eval_loss", min_length=1, max_length=64, pattern=r"^[a-z_]+$",
+        description="An evaluation metric of the run: `eval_loss`, or `eval_<name>` for a name in `metrics` "
+        "(`eval_perplexity` for causal-lm); the `eval_` prefix may be left out.",
+    )  # fmt: skip
+    patience: int = Field(default=3, ge=1, le=10_000, description="Evaluations without improvement before stopping.")
+    min_delta: float = Field(default=0.0, ge=0, le=1e9, description="How much better counts as an improvement.")
+    greater_is_better: bool | None = Field(
+        default=None, description="Default: false for a loss or perplexity, true for the others."
+    )
+
+    @property
+    def key(self) -> str:
+        return metric_key(self.metric)
+
+    @property
+    def higher_is_better(self) -> bool:
+        return higher_is_better(self.key, self.greater_is_better)
+
+
 class JobSpec(StrictModel):
     """A training job, complete enough to run with no service at all."""
 
@@ -194,9 +262,27 @@ class JobSpec(StrictModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     adapter: AdapterSpec | None = Field(default=None, description="LoRA / QLoRA; without it, a full fine-tune.")
     metrics: list[MetricName] = Field(default_factory=lambda: list[MetricName](["accuracy"]), min_length=1)
+    early_stopping: EarlyStoppingSpec | None = Field(
+        default=None, description="Stop when the evaluation metric stops improving; needs evaluations."
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
+        if self.training.keeps_best and self.training.best_metric not in self.evaluation_metrics():
+            raise combination_error(
+                "training.metric_for_best_model",
+                f"the run evaluates {', '.join(self.evaluation_metrics())}; not {self.training.best_metric!r}",
+            )
+        if self.early_stopping is not None:
+            if self.training.eval_strategy == "no":
+                raise combination_error(
+                    "early_stopping", "needs evaluations: set training.eval_strategy to 'steps' or 'epoch'"
+                )
+            known = self.evaluation_metrics()
+            if self.early_stopping.key not in known:
+                raise combination_error(
+                    "early_stopping.metric", f"the run evaluates {', '.join(known)}; not {self.early_stopping.key!r}"
+                )
         if self.efficiency.local_sgd_steps is not None and self.training.backend != "accelerate":
             raise combination_error(
                 "efficiency.local_sgd_steps",
@@ -215,6 +301,11 @@ class JobSpec(StrictModel):
                 "adapter.compute_dtype", f"must match efficiency.mixed_precision ({mixed!r}): autocast sets the dtype"
             )
         return self
+
+    def evaluation_metrics(self) -> list[str]:
+        """The values an evaluation of this run reports (trainer_core.backends.common.eval_values)."""
+        names = ["perplexity"] if self.task == "causal-lm" else list(self.metrics)
+        return ["eval_loss", *(f"eval_{name}" for name in names)]
 
 
 def data_file_entries(value: Any, field: str = "dataset.data_files") -> Iterator[tuple[str, str]]:

@@ -36,7 +36,8 @@ from service_core.db.jobstore import FencedOut, add_events, fence
 from service_core.db.models import Job
 from service_core.db.session import DATABASE_UNAVAILABLE, session_scope
 from service_core.settings import Settings
-from trainer_core.checkpoint import CHECKPOINT_PREFIX, META_FILE, newest_checkpoint
+from trainer_core.best_checkpoint import protected_step
+from trainer_core.checkpoint import CHECKPOINT_PREFIX, META_FILE, newest_checkpoint, read_meta
 from trainer_core.events import Event, make_event, utc_now_iso
 from worker.ingest import event_data, event_time
 from worker.paths import RunPaths, is_local_root
@@ -185,12 +186,14 @@ class CheckpointUploader:
     def _upload(self, step: int, folder: Path) -> None:
         started = time.monotonic()
         try:
+            # The run's description of this checkpoint names the best one, which rotation must keep.
+            protect = protected_step(read_meta(folder))
             if not self.store.upload(folder, step, self.attempt, may_commit=self.may_commit):
                 return
             self.uploaded.append(step)
             with self.changed:
                 self.unannounced.append(step)
-            removed = self.store.rotate(self.keep)
+            removed = self.store.rotate(self.keep, protect)
         except Exception:  # the store is away or refused: the next checkpoint tries again
             log.exception("job %s: uploading checkpoint %d failed", self.store.job_id, step)
             return

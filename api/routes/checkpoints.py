@@ -24,6 +24,7 @@ from api.schemas.jobs import CheckpointList, CheckpointOut
 from service_core.checkpoints import StoredCheckpoint, job_checkpoints
 from service_core.db.models import Job, MetricPoint
 from trainer_core.checkpoint import CHECKPOINT_PREFIX
+from trainer_core.spec import higher_is_better, metric_key
 
 router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=problem_responses(401, 404, 422))
 
@@ -36,11 +37,10 @@ DEFAULT_BEST_METRIC = "eval_loss"
 
 def best_metric(spec: dict[str, Any]) -> tuple[str, bool]:
     """The metric that makes a checkpoint the best, and whether higher is better: the spec's
-    ``training.metric_for_best_model`` when it names one, else ``eval_loss``; a loss is better lower."""
-    name = str((spec.get("training") or {}).get("metric_for_best_model") or DEFAULT_BEST_METRIC)
-    name = name if name.startswith("eval_") else f"eval_{name}"
-    greater = (spec.get("training") or {}).get("greater_is_better")
-    return name, bool(greater) if greater is not None else not name.endswith("loss")
+    ``training.metric_for_best_model`` (default ``eval_loss``), by the run's own rule (trainer_core.spec)."""
+    training = spec.get("training") or {}
+    name = metric_key(str(training.get("metric_for_best_model") or DEFAULT_BEST_METRIC))
+    return name, higher_is_better(name, training.get("greater_is_better"))
 
 
 @dataclass
@@ -86,11 +86,16 @@ def checkpoint_list(session: Session, job: Job, found: list[StoredCheckpoint]) -
                 download_url=f"/v1/jobs/{job.id}/checkpoints/{ckpt.step}.zip",
             )
         )  # fmt: skip
-    scored = [item for item in items if item.eval_metrics.get(metric) is not None]
-    if scored:  # ties: the earliest checkpoint with that value (the one taken at its evaluation)
+    # As the run decides (trainer_core/best_checkpoint.py): a checkpoint evaluated at its own step is a
+    # candidate; ties keep the earlier one. Retention keeps the newest `limit` and, when asked, the best.
+    scored = [item for item in items if item.eval_step == item.step and item.eval_metrics.get(metric) is not None]
+    if scored:
         sign = -1.0 if greater else 1.0
         best = min(scored, key=lambda item: (sign * float(item.eval_metrics[metric] or 0.0), item.step))
         best.is_best = True
+        training = job.spec.get("training") or {}
+        if training.get("keep_best_checkpoint") or training.get("load_best_model_at_end"):
+            best.kept = True
     return CheckpointList(items=items, best_metric=metric, greater_is_better=greater, save_total_limit=limit)
 
 

@@ -233,3 +233,18 @@ def test_a_passing_report_is_reused_only_while_the_data_is_unchanged(
     assert answers[0].json()["preflight"] == answers[1].json()["preflight"]
     write_csv(path, "text,stars\ngood,pos\nbad,neg\nfine,pos\n")  # the label column is gone now
     assert fields(refused(client, keys, session, settings, spec)) == ["dataset.label_column"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"training": {"max_steps": 4, "eval_strategy": "no"}}, "needs evaluations"),
+        ({"training": {"max_steps": 4, "eval_strategy": "steps", "eval_steps": 2}}, "needs an eval split"),
+    ],
+)
+def test_early_stopping_without_evaluations_is_refused_naming_it(
+    client: TestClient, keys: Keys, session: Session, settings: Settings, overrides: dict[str, Any], message: str
+) -> None:
+    # make_spec's data has a train split only: a run would never evaluate, so never stop early.
+    problem = refused(client, keys, session, settings, make_spec(early_stopping={"patience": 2}, **overrides))
+    assert fields(problem) == ["early_stopping"] and message in problem["errors"][0]["message"], problem

@@ -11,24 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import wait_finished
 from tests.trainjobs.conftest import job_spec
 from tests.trainjobs.live import LiveService
 
 pytestmark = pytest.mark.slow
 
 SAVED = [2, 4, 6]
-
-
-def wait_finished(client: httpx.Client, job_id: str, timeout: float = 240) -> dict[str, Any]:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish in {timeout} s")
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +70,8 @@ def test_the_list_has_every_checkpoint_with_its_metrics(service: LiveService, ht
     assert [item["eval_step"] for item in items] == [None, 3, 6]
     assert items[0]["eval_metrics"] == {}
     assert items[1]["eval_metrics"]["eval_loss"] == evals[3] and items[2]["eval_metrics"]["eval_loss"] == evals[6]
-    best_step = 4 if evals[3] <= evals[6] else 6
-    assert [item["step"] for item in items if item["is_best"]] == [best_step]
+    # Only a checkpoint evaluated at its own step is a candidate for best (the run's rule): step 6.
+    assert [item["step"] for item in items if item["is_best"]] == [6]
 
 
 def test_a_checkpoint_downloads_as_a_loadable_model_without_the_optimizer(
@@ -161,3 +150,43 @@ def test_the_cli_prints_the_table_and_downloads_the_best(service: LiveService, h
     AutoModelForSequenceClassification.from_pretrained(folder)
     missing = service.cli("jobs", "download", job_id, "--checkpoint", "5", "--to", str(tmp_path / "no"))
     assert missing.returncode != 0 and "step" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_job_that_stops_improving_stops_early_and_succeeds_saying_so(
+    sentiment_files: dict[str, str], http: httpx.Client
+) -> None:
+    """Issue 26's early stopping on the service: an evaluation every step, none counting as better
+    than the first (min_delta far above any change), patience 2: the job ends at step 3 of 12."""
+    training = {"max_steps": 12, "num_train_epochs": 1, "logging_steps": 1, "eval_strategy": "steps",
+                "eval_steps": 1, "save_steps": 100}  # fmt: skip
+    spec = job_spec(sentiment_files, "stops-early", training=training,
+                    early_stopping={"patience": 2, "min_delta": 1e6})  # fmt: skip
+    created = http.post("/v1/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    job = wait_finished(http, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    assert job["final_metrics"]["stopped_early"] is True and job["final_metrics"]["stopped_at_step"] == 3
+    assert job["progress"]["step"] == 3
+    artifacts = {a["path"] for a in http.get(f"/v1/jobs/{job['id']}/artifacts").json()["items"]}
+    assert "model.safetensors" in artifacts  # the final model, as at a normal end
+
+
+def test_retention_keeps_the_best_checkpoint_and_the_newest_and_the_list_says_so(
+    sentiment_files: dict[str, str], http: httpx.Client
+) -> None:
+    """keep_best_checkpoint with save_total_limit 1: the best by eval_loss (on this data and seed the
+    eval loss of the tiny model rises, so an early one) and the newest stay; the listing marks the best
+    and both as kept."""
+    training = {"max_steps": 6, "num_train_epochs": 1, "logging_steps": 2, "eval_strategy": "steps",
+                "eval_steps": 2, "save_steps": 2, "save_total_limit": 1, "keep_best_checkpoint": True}  # fmt: skip
+    created = http.post("/v1/jobs", json=job_spec(sentiment_files, "keeps-best", training=training))
+    assert created.status_code == 201, created.text
+    job = wait_finished(http, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    evals = [p for p in points(http, job["id"]) if p["name"] == "eval_loss"]
+    best = min(evals, key=lambda p: (p["value"], p["step"]))["step"]
+    listing = http.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
+    assert best < 6, "the test needs an older best"
+    assert [item["step"] for item in listing] == [best, 6]
+    assert [item["step"] for item in listing if item["is_best"]] == [best]
+    assert all(item["kept"] for item in listing)

@@ -86,6 +86,13 @@ def test_rotation_keeps_the_newest_and_drops_older_incomplete_uploads(store: Che
     assert not store.fs.exists(f"{store.step_dir(8)}/{MANIFEST}")
 
 
+def test_rotation_keeps_the_best_checkpoint_beside_the_newest(store: CheckpointStore, tmp_path: Path) -> None:
+    for step in (2, 4, 6, 8):
+        store.upload(fake_checkpoint(tmp_path / "out", step), step, attempt=1)
+    assert store.rotate(keep=1, protect=4) == [2, 6]  # the best (4) is kept on top of the newest
+    assert store.steps() == [4, 8]
+
+
 def test_the_uploader_keeps_one_upload_in_flight_and_the_newest_waiting(store: CheckpointStore, tmp_path: Path) -> None:
     output_dir, work_dir = tmp_path / "output", tmp_path / "work"
     release, committing = threading.Event(), threading.Event()

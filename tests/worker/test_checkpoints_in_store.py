@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from service_core.checkpoints import CheckpointStore
+from tests.conftest import wait_finished
 from trainjobs.client import Client
 
 from .conftest import make_settings, quick_spec
 from .live import live_service
-from .test_store_data_e2e import wait_finished
 
 pytestmark = pytest.mark.slow
 

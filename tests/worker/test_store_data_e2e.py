@@ -5,14 +5,13 @@ by the worker and trained by a run that never sees a store URL or a credential."
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from service_core.datastore import CACHE_DIR, DataStore
+from tests.conftest import wait_finished
 from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
 from worker.paths import run_paths
 
@@ -20,16 +19,6 @@ from .conftest import make_settings
 from .live import live_service
 
 pytestmark = pytest.mark.slow
-
-
-def wait_finished(client: Any, job_id: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {job}")
 
 
 def test_a_job_on_store_data_and_a_store_model_trains(tmp_path: Path, s3_root: str, minilm_path: Path) -> None:

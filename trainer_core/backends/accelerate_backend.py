@@ -120,6 +120,8 @@ def _save_checkpoint(book: _Bookkeeping, progress: TrainProgress, epoch: float) 
     accelerator, ctx = book.accelerator, book.ctx
     ckpt = checkpoint_dir(ctx.output_dir, progress.global_step)
     accelerator.save_state(str(ckpt))  # every rank: each saves its own RNG state
+    # Every rank tracks the best checkpoint (each may load it at the end); the main one describes it.
+    evaluations = book.events.checkpoint_written(progress.global_step)
     if accelerator.is_main_process:
         # What from_pretrained needs beside save_state's weights, so that a checkpoint loads on its own:
         # the config (an adapter: its own files, save_state keeps only the trainable tensors), the tokenizer.
@@ -129,9 +131,9 @@ def _save_checkpoint(book: _Bookkeeping, progress: TrainProgress, epoch: float) 
         else:
             model.config.save_pretrained(str(ckpt))
         save_processor(ctx.data.processor, ckpt)
-        write_meta(ckpt, ctx.spec, progress, "accelerate")
+        write_meta(ckpt, ctx.spec, progress, "accelerate", evaluations)
         book.events.checkpoint_saved(progress.global_step, epoch)
-        rotate_checkpoints(ctx.output_dir, ctx.spec.training.save_total_limit)
+        rotate_checkpoints(ctx.output_dir, ctx.spec.training.save_total_limit, book.events.best.protected())
     accelerator.wait_for_everyone()
 
 
@@ -183,12 +185,13 @@ class _Bookkeeping:
     unwrapped: nn.Module = field(init=False)
 
     def __post_init__(self) -> None:
-        self.events = RunEvents(self.ctx.emit)
+        self.events = RunEvents(self.ctx.emit, self.ctx.spec, self.ctx.resume_from)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
 
     @property
     def finished(self) -> bool:
-        return self.global_step >= self.plan.total_steps
+        """The last step is done, or early stopping ended training at the evaluation just made."""
+        return self.global_step >= self.plan.total_steps or self.events.stop_early
 
     def after_batch(self, batch: dict[str, torch.Tensor], loss: torch.Tensor) -> None:
         """Count a micro-batch and add its loss, without a host sync."""
@@ -237,7 +240,9 @@ class _Bookkeeping:
 
     def summary(self, runtime_s: float) -> dict[str, Any]:
         mean_loss = None if self.loss_total is None else self.loss_total.item() / self.batches
-        return train_summary(runtime_s, self.samples * self.accelerator.num_processes, mean_loss)
+        return train_summary(runtime_s, self.samples * self.accelerator.num_processes, mean_loss) | (
+            self.events.early.summary()
+        )
 
 
 def train_with_accelerate(ctx: RunContext) -> BackendResult:
@@ -308,16 +313,29 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
 
     if t.report_to:
         accelerator.end_training()
+    load_best = t.load_best_model_at_end and book.events.best.step is not None
     if not cancelled:
-        if book.events.eval_step != book.global_step:
+        if load_best:
+            _load_best(accelerator, ctx, book)
+        elif book.events.eval_step != book.global_step:
             book.evaluate(float(plan.num_epochs))
         _save_final(accelerator, model, ctx)
     return BackendResult(
         status="cancelled" if cancelled else "succeeded",
         global_step=book.global_step,
-        eval_metrics=book.events.last_eval,
+        eval_metrics=book.events.final_eval(load_best and not cancelled),
         train=book.summary(runtime),
     )
+
+
+def _load_best(accelerator: Accelerator, ctx: RunContext, book: _Bookkeeping) -> None:
+    """``load_best_model_at_end``: the best checkpoint's weights become the model saved as final (its
+    optimizer and scheduler state come along, unused: training is over)."""
+    step = book.events.best.step
+    if step is None or step == book.global_step:
+        return  # the model in memory is the best one
+    logger.info("loading the best checkpoint (step %d, %s %s)", step, book.events.best.key, book.events.best.value)
+    accelerator.load_state(str(checkpoint_dir(ctx.output_dir, step)), strict=ctx.spec.adapter is None)
 
 
 def _save_final(accelerator: Accelerator, model: nn.Module, ctx: RunContext) -> None:

@@ -20,6 +20,10 @@ from datasets import Dataset
 from torch import nn
 from transformers import get_scheduler, set_seed
 
+from trainer_core.best_checkpoint import META_KEY as BEST_META_KEY
+from trainer_core.best_checkpoint import BestCheckpoint
+from trainer_core.checkpoint import read_meta
+from trainer_core.early_stopping import EarlyStopper
 from trainer_core.events import EventSink, make_event
 from trainer_core.memory_report import memory_event
 from trainer_core.modeling import build_model
@@ -135,8 +139,15 @@ def eval_values(
 class RunEvents:
     """The events a run emits, the same in both backends; remembers the last evaluation."""
 
-    def __init__(self, emit: EventSink) -> None:
+    def __init__(self, emit: EventSink, spec: JobSpec, resume_from: Path | None = None) -> None:
         self.emit = emit
+        self.early = EarlyStopper(spec.early_stopping)
+        self.best = BestCheckpoint(spec.training)
+        self.by_step: dict[int, dict[str, float]] = {}  # every evaluation of this session, by step
+        if resume_from is not None:  # what the checkpoint's run had learned from its evaluations
+            meta = read_meta(resume_from)
+            self.early.restore(meta.get("early_stopping"))
+            self.best.restore(meta.get(BEST_META_KEY))
         self.memory_sent = False
         self.last_eval: dict[str, float] = {}
         self.eval_step = -1
@@ -159,7 +170,28 @@ class RunEvents:
     def evaluated(self, step: int, epoch: float | None, values: dict[str, float]) -> None:
         """An ``eval`` event; its values become the run's final evaluation unless another follows."""
         self.last_eval, self.eval_step = values, step
+        self.by_step[step] = values
         self.emit(make_event("eval", step=step, epoch=epoch, values=values))
+        self.early.observe(step, values)
+
+    def checkpoint_written(self, step: int) -> dict[str, Any]:
+        """A checkpoint at ``step`` is about to be described: it may be the best (when evaluated at its
+        step); returns what its description keeps of the evaluations (see write_meta)."""
+        self.best.saved(step, self.by_step.get(step))
+        kept: dict[str, Any] = {BEST_META_KEY: self.best.state()}
+        early = self.early.state()
+        if early is not None:
+            kept["early_stopping"] = early
+        return kept
+
+    def final_eval(self, load_best: bool) -> dict[str, float]:
+        """The evaluation the final model has: the best checkpoint's when its weights were loaded."""
+        return self.best.evaluation if load_best and self.best.evaluation else self.last_eval
+
+    @property
+    def stop_early(self) -> bool:
+        """The spec's early stopping says training should end now (after the evaluation just reported)."""
+        return self.early.stopped_at is not None
 
     def checkpoint_saved(self, step: int, epoch: float | None) -> None:
         """A ``checkpoint`` event, once its folder is complete (its meta file written): the step, the

@@ -40,7 +40,7 @@ from trainer_core.backends.common import (
 )
 from trainer_core.backends.context import BackendResult, RunContext
 from trainer_core.backends.sampling import EpochSampler, eval_order
-from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, write_meta
+from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, rotate_checkpoints, write_meta
 from trainer_core.metrics import compute_metrics
 from trainer_core.optimizers import build_optimizer
 
@@ -91,7 +91,7 @@ class _RunCallback(TrainerCallback):
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        self.events = RunEvents(ctx.emit)
+        self.events = RunEvents(ctx.emit, ctx.spec, ctx.resume_from)
         self.cancelled = False
 
     def on_step_end(
@@ -129,6 +129,8 @@ class _RunCallback(TrainerCallback):
             if metrics is not None:  # what trainer.evaluate() returns, and trackers log, has it too
                 metrics.update(values)
         self.events.evaluated(state.global_step, state.epoch, values)
+        if self.events.stop_early:  # Trainer ends the loop after this step, as at its last one
+            control.should_training_stop = True
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -138,8 +140,10 @@ class _RunCallback(TrainerCallback):
             # Trainer itself resumes by epoch and step from trainer_state.json; the rest is description.
             progress = TrainProgress(state.global_step, int(state.epoch or 0), 0)
             save_processor(self.ctx.data.processor, ckpt)  # a checkpoint loads on its own, tokenizer included
-            write_meta(ckpt, self.ctx.spec, progress, "trainer")
+            write_meta(ckpt, self.ctx.spec, progress, "trainer", self.events.checkpoint_written(state.global_step))
             self.events.checkpoint_saved(state.global_step, state.epoch)
+            keep = self.ctx.spec.training.save_total_limit
+            rotate_checkpoints(self.ctx.output_dir, keep, self.events.best.protected())
 
 
 def training_arguments(ctx: RunContext) -> TrainingArguments:
@@ -163,7 +167,8 @@ def training_arguments(ctx: RunContext) -> TrainingArguments:
         eval_steps=t.eval_steps,
         save_strategy="steps",
         save_steps=t.save_steps,
-        save_total_limit=t.save_total_limit,
+        # Rotation is trainjobs' own (on_save): the same rule as the accelerate loop's, keeping the best.
+        save_total_limit=None,
         bf16=eff.mixed_precision == "bf16",
         fp16=eff.mixed_precision == "fp16",
         use_cpu=on_cpu,
@@ -173,6 +178,11 @@ def training_arguments(ctx: RunContext) -> TrainingArguments:
         train_sampling_strategy="group_by_length" if spec.preprocessing.group_by_length else "random",
         length_column_name=LENGTH_COLUMN,
         report_to=list(t.report_to) or "none",
+        # Trainer loads the best checkpoint at the end, found by the same rule as
+        # trainer_core/best_checkpoint.py (which rotation keeps and each checkpoint describes).
+        metric_for_best_model=t.best_metric if t.keeps_best else None,
+        greater_is_better=t.best_higher_is_better if t.keeps_best else None,
+        load_best_model_at_end=t.load_best_model_at_end,
         disable_tqdm=True,
         # Trainer's NaN filter reads the loss on the host every step: a device sync per step.
         logging_nan_inf_filter=False,
@@ -220,15 +230,16 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     train_loss = _train_or_restore(trainer, ctx, plan.total_steps)
     runtime = time.perf_counter() - started
     global_step = trainer.state.global_step
-    train = train_summary(runtime, trainer.samples_seen * world_size(), train_loss)
+    train = train_summary(runtime, trainer.samples_seen * world_size(), train_loss) | callback.events.early.summary()
     if callback.cancelled:
         return BackendResult(status="cancelled", global_step=global_step, train=train)
-    if data.eval is not None and callback.events.eval_step != global_step:
+    load_best = spec.training.load_best_model_at_end  # Trainer loaded the best checkpoint's weights
+    if data.eval is not None and callback.events.eval_step != global_step and not load_best:
         trainer.evaluate()
     trainer.save_model(str(ctx.output_dir))
     if trainer.is_world_process_zero():
         save_final_extras(spec, model, data.processor, ctx.output_dir)
-    final_eval = callback.events.last_eval
+    final_eval = callback.events.final_eval(load_best)
     return BackendResult(status="succeeded", global_step=global_step, eval_metrics=final_eval, train=train)
 
 
