@@ -4,6 +4,7 @@ job page whose connections are all cut mid-job by a TCP proxy between the browse
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import httpx
 import pytest
@@ -60,16 +61,28 @@ def test_a_cut_mid_job_resumes_the_stream_with_last_event_id_and_nothing_twice(
         expect(page.locator("tr[data-attempt='1']")).to_have_attribute("data-outcome", "running", timeout=120_000)
         page.wait_for_function("() => +document.querySelector('[data-chart=loss]')?.dataset.points > 0",
                                timeout=120_000)  # fmt: skip
+        page.wait_for_selector("[data-charts-ready]")
+        loaded = chart_points(page)  # then a point over the metric stream, so it has an id to resume from
+        page.wait_for_function(f"() => +document.querySelector('[data-chart=loss]').dataset.points > {loaded}")
         at_cut = chart_points(page)
         running = first_status(dev, job_id, "running")
-        assert len(streams) == 1
+        # Two streams: the attempts' status events, and the charts' metric and eval events (with the
+        # checkpoint events the checkpoints tab and the chart markers follow).
+        kinds = [r.url.split("?")[1].split("&after=")[0] for r in streams]
+        assert kinds == ["kind=status", "kind=metric&kind=eval&kind=checkpoint"]
         # Chromium logs each request the cut fails; those are the point of this test, not faults.
         watch.expect_network_errors(proxied.url)
-        with page.expect_request(lambda r: f"/v1/jobs/{job_id}/events" in r.url, timeout=30_000) as resumed:
-            proxy.cut()  # every open connection reset: the event stream, the polls
+        status_stream = f"/v1/jobs/{job_id}/events?kind=status"
+        with page.expect_request(lambda r: status_stream in r.url, timeout=30_000) as resumed:
+            proxy.cut()  # every open connection reset: the event streams, the polls
             proxy.restore()  # listening again on the same port
-        # The stream came back by itself, asking for what follows the last event it had...
+        # The streams came back by themselves, asking for what follows the last event each had...
         assert resumed.value.headers.get("last-event-id") == running.id
+        deadline = time.monotonic() + 30
+        while len(streams) < 4 and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        metric_resumed = [r for r in streams[2:] if "kind=metric" in r.url]
+        assert metric_resumed and int(metric_resumed[0].headers["last-event-id"]) > int(running.id)
         # ...and the charts go on growing.
         page.wait_for_function(f"() => +document.querySelector('[data-chart=loss]').dataset.points > {at_cut}")
         client.cancel(job_id)  # the final status must arrive over the resumed stream

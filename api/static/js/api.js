@@ -81,3 +81,6 @@ export async function exampleJob() {
 
 /** A job has ended once it has a finish time (the server sets it on every terminal status). */
 export function isFinished(job) { return job.finished_at != null; }
+
+/** Whether job `id` has ended, asked of the server: an event stream also ends when an API restarts. */
+export async function jobEnded(id, signal) { return isFinished(await request(`/v1/jobs/${id}`, { signal })); }

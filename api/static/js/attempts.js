@@ -3,7 +3,7 @@
 // or run process was lost, `out_of_memory` for a retry) or the final status. The status events come from
 // the public event stream filtered to `kind=status` (sse.js, resumed after a drop), so a live job's
 // list grows; the changes an out-of-memory retry applied come from the job detail's `retries`.
-import { isFinished, request } from "./api.js";
+import { jobEnded } from "./api.js";
 import { followEvents } from "./sse.js";
 import { el } from "./util.js";
 
@@ -28,7 +28,7 @@ export function followStatusEvents(id, signal, onEvent) {
   return followEvents(`/v1/jobs/${id}/events?kind=status`, {
     signal,
     onEvent: (event) => onEvent(JSON.parse(event.data)),
-    ended: async () => isFinished(await request(`/v1/jobs/${id}`, { signal })),
+    ended: () => jobEnded(id, signal),
   });
 }
 

@@ -1,6 +1,6 @@
 // Compare 2-5 jobs: their loss and eval curves overlaid, and the spec fields that differ.
 import { request } from "./api.js";
-import { alignSeries, createChart, PALETTE } from "./charts.js";
+import { alignSeries, createChart, isFraction, PALETTE } from "./charts.js";
 import { chartOrder, loadSeries } from "./metrics.js";
 import { el, flatten, statusBadge } from "./util.js";
 
@@ -42,7 +42,8 @@ export async function mountCompare(root, ids, signal) {
   for (const name of names) {
     const present = states.map((s) => s.series.get(name) || { steps: [], values: [] });
     const { steps, columns } = alignSeries(present);
-    const chart = createChart(charts, { title: name.replaceAll("_", " "), name, labels: jobs.map((j) => j.name) });
+    const chart = createChart(charts, { title: name.replaceAll("_", " "), name, labels: jobs.map((j) => j.name),
+      fraction: isFraction(name, jobs) });
     chart.set(steps, columns);
     made.push(chart);
   }

@@ -1,11 +1,12 @@
-// The job page: header with cancel, failure panel, progress, memory, attempts, live charts, spec,
-// artifacts, logs.
+// The job page: header with cancel, failure panel, progress, memory, attempts, live charts, logs, spec,
+// checkpoints, artifacts.
 // Everything it starts (timers, fetches, charts) hangs off one AbortController, so leaving the page
 // or switching to another job drops all of the previous job's state.
 import { isFinished, request } from "./api.js";
 import { attemptsPanel, followStatusEvents } from "./attempts.js";
-import { createChart } from "./charts.js";
-import { appendNew, chartOrder, loadSeries } from "./metrics.js";
+import { createChart, isFraction } from "./charts.js";
+import { checkpointMarkers, checkpointsTable, marksCheckpoints } from "./checkpoints.js";
+import { appendNew, chartOrder, followPoints, loadSeries } from "./metrics.js";
 import { artifactsPanel, logsPanel, memoryPanel, specPanel } from "./panels.js";
 import { duration, el, num, pace, runSeconds, samplesPerSecond, statusBadge, when } from "./util.js";
 
@@ -63,7 +64,8 @@ export async function mountJob(root, id, signal) {
   const attempts = el("div");
   const controls = el("div.chart-controls");
   const charts = el("div.charts");
-  const tabs = { charts: el("div", {}, controls, charts), logs: el("div"), spec: el("div"), artifacts: el("div") };
+  const tabs = { charts: el("div", {}, controls, charts), logs: el("div"), spec: el("div"), checkpoints: el("div"),
+    artifacts: el("div") };
   const tabBar = el("nav.tabs");
   const body = el("div.tab-body");
   root.replaceChildren(header, failure, overview, attempts, tabBar, body);
@@ -76,6 +78,7 @@ export async function mountJob(root, id, signal) {
     body.replaceChildren(tabs[name]);
     if (name === "logs" && !started.has("logs")) { started.add("logs"); tabs.logs.append(logsPanel(id, () => job, signal)); }
     if (name === "artifacts") artifactsPanel(id, signal).then((n) => tabs.artifacts.replaceChildren(n)).catch(() => {});
+    if (name === "checkpoints" && state) loadCheckpoints();  // (before that, the series load lists them)
     history.replaceState(null, "", `#/jobs/${id}/${name}`);
   }
   for (const name of Object.keys(tabs)) {
@@ -111,7 +114,7 @@ export async function mountJob(root, id, signal) {
   const statusEvents = [];
   followStatusEvents(id, signal, (event) => { statusEvents.push(event); renderBody(); }).catch(() => {});
 
-  // Charts: thinned history first, then new points appended every poll.
+  // Charts: thinned history first, then each new point as its event arrives on the job's stream.
   const view = { smoothing: 0.6, log: false };
   const drawn = new Map();
   const slider = el("input", { type: "range", min: "0", max: "0.99", step: "0.01", value: String(view.smoothing),
@@ -124,14 +127,42 @@ export async function mountJob(root, id, signal) {
   function updateCharts() {
     const names = chartOrder([...state.series.keys()]);
     for (const name of names) {
-      if (!drawn.has(name)) drawn.set(name, createChart(charts, { title: name.replaceAll("_", " "), name, labels: [name], ...view }));
+      const fraction = isFraction(name, [job]);
+      const isNew = !drawn.has(name);
+      if (isNew) drawn.set(name, createChart(charts, { title: name.replaceAll("_", " "), name, labels: [name], fraction, ...view }));
       const s = state.series.get(name);
       drawn.get(name).set(s.steps, [s.values]);
+      if (isNew && marksCheckpoints(name)) drawn.get(name).setMarkers(checkpointMarkers(checkpointList));
     }
     if (!names.length) charts.replaceChildren(el("p.muted", { dataset: { noMetrics: "" } }, "No metrics yet."));
     else charts.querySelector("[data-no-metrics]")?.remove();
   }
   signal.addEventListener("abort", () => { drawn.forEach((c) => c.destroy()); drawn.clear(); });
+  // Points of one burst (the worker writes events in batches) drawn once, in the next frame.
+  let drawPending = false;
+  function pointsArrived() {
+    if (drawPending) return;
+    drawPending = true;
+    requestAnimationFrame(() => { drawPending = false; if (!signal.aborted) updateCharts(); });
+  }
+
+  // Checkpoints: listed once the series are loaded (a checkpoint completed after that comes as an event
+  // on the points' stream), and again on each `checkpoint` event; calls made meanwhile coalesce.
+  let checkpointList = null, listing = false, listAgain = false;
+  async function loadCheckpoints() {
+    if (listing) { listAgain = true; return; }
+    listing = true;
+    try {
+      checkpointList = await request(`/v1/jobs/${id}/checkpoints`, { signal });
+      tabs.checkpoints.replaceChildren(checkpointsTable(id, checkpointList));
+      drawn.forEach((chart, name) => { if (marksCheckpoints(name)) chart.setMarkers(checkpointMarkers(checkpointList)); });
+    } catch (error) {
+      if (!signal.aborted) tabs.checkpoints.replaceChildren(el("p.error", {}, `Could not list checkpoints: ${error.message}`));
+    } finally {
+      listing = false;
+    }
+    if (listAgain && !signal.aborted) { listAgain = false; loadCheckpoints(); }
+  }
 
   async function refresh() {
     if (signal.aborted) return;
@@ -143,18 +174,25 @@ export async function mountJob(root, id, signal) {
   show(tabs[active] ? active : "charts");
   state = await seriesLoad;
   updateCharts();
+  loadCheckpoints();
   // Marked once the frame with the charts is painted (bench/bench_dashboard.py measures up to here).
   await new Promise((resolve) => requestAnimationFrame(() => resolve()));
   performance.mark("tj-charts-drawn");
   root.dataset.chartsReady = "1";
 
-  // Live: poll the job and its new points until it has ended (one last pass after the end).
+  // Live: new points come over the event stream, from the load's last seq (it also brings those of a
+  // job that ended just after the load). A second stream beside the attempts' one, because that one
+  // replays from the start, and a long run's metric events are what the thinned load is for. Only a
+  // refused stream (over the owner's stream limit) falls back to fetching new points with each poll.
+  let streaming = true;
+  followPoints(id, state, signal, pointsArrived, loadCheckpoints).catch(() => { streaming = false; });
+  // The job itself (progress, status) is polled until it has ended (one last pass after the end).
   let timer = null;
   async function tick() {
     try {
       const wasFinished = isFinished(job);
       await refresh();
-      if (await appendNew(id, state, signal)) updateCharts();
+      if (!streaming && await appendNew(id, state, signal)) updateCharts();
       if (wasFinished && isFinished(job)) return;
     } catch (error) {
       if (signal.aborted) return;

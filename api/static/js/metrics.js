@@ -1,5 +1,7 @@
-// A job's metric series: first thinned by the server (min/max buckets keep spikes), then appended live.
-import { request } from "./api.js";
+// A job's metric series: first thinned by the server (min/max buckets keep spikes), then appended live
+// from the job's event stream (a metric or eval event's points share its seq: worker/ingest.py).
+import { jobEnded, request } from "./api.js";
+import { followEvents } from "./sse.js";
 
 export const MAX_POINTS = 2000;
 
@@ -20,7 +22,32 @@ export async function loadSeries(jobId, signal) {
   return { series, after: page.next_after };
 }
 
-/** Append the points stored since `state.after`; true when there were any. */
+/** Follow the job's metric and eval events after `state.after`, adding their points to `state` and
+ * calling `onChange()` after each; resumed with Last-Event-ID after a drop (sse.js). Ends with the job.
+ * The same stream brings `checkpoint` events (one stream fewer against the owner's limit), each passed
+ * to `onCheckpoint({step, epoch, loss})`. */
+export function followPoints(jobId, state, signal, onChange, onCheckpoint = () => {}) {
+  return followEvents(`/v1/jobs/${jobId}/events?kind=metric&kind=eval&kind=checkpoint&after=${state.after}`, {
+    signal,
+    onEvent: (event) => {
+      const data = JSON.parse(event.data);
+      if (event.event === "checkpoint") {
+        state.after = data.seq;
+        onCheckpoint(data);
+        return;
+      }
+      // As the worker stores them: numbers (null for NaN), at step 0 when the event has none.
+      const points = Object.entries(data.values || {}).filter(([, v]) => v === null || typeof v === "number")
+        .map(([name, value]) => ({ name, value, step: data.step ?? 0 }));
+      addPoints(state.series, points);
+      state.after = data.seq;
+      onChange();
+    },
+    ended: () => jobEnded(jobId, signal),
+  });
+}
+
+/** Append the points stored since `state.after` (when the stream is refused); true when there were any. */
 export async function appendNew(jobId, state, signal) {
   let changed = false;
   for (;;) {

@@ -62,22 +62,28 @@ export function specPanel(job) {
   return el("pre.spec", {}, toYaml(readingOrder(job.spec)));
 }
 
-async function download(jobId, path) {
-  const response = await request(`/v1/jobs/${jobId}/artifacts/${path.split("/").map(encodeURIComponent).join("/")}`,
-    { raw: true });
+/** Save what API `path` answers as file `name`. Fetched with the key in its header (a plain link would
+ * send none, and the key never goes in a URL), then handed to the browser from memory. */
+export async function downloadAs(path, name) {
+  const response = await request(path, { raw: true });
   const url = URL.createObjectURL(await response.blob());
-  const link = el("a", { href: url, download: path.split("/").pop() });
+  const link = el("a", { href: url, download: name });
   document.body.append(link);
   link.click();
   link.remove();
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
 
+function artifactPath(jobId, path) {
+  return `/v1/jobs/${jobId}/artifacts/${path.split("/").map(encodeURIComponent).join("/")}`;
+}
+
 export async function artifactsPanel(jobId, signal) {
   const { items } = await request(`/v1/jobs/${jobId}/artifacts`, { signal });
   if (!items.length) return el("p.muted", {}, "No artifacts yet: they are stored when the run ends.");
   return el("table.artifacts", {}, el("tbody", {}, items.map((item) => el("tr", {},
-    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); download(jobId, item.path); } }, item.path)),
+    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); downloadAs(artifactPath(jobId, item.path),
+      item.path.split("/").pop()); } }, item.path)),
     el("td.num", {}, bytes(item.size))))));
 }
 
