@@ -23,7 +23,6 @@ from service_core.db.models import Job, JobEvent
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.memory.planner import apply_changes, next_oom_changes
 from trainer_core.spec import JobSpec, SpecError
 from worker.outcome import RunOutcome
 
@@ -49,6 +48,10 @@ def retry_after_oom(
     """Requeue ``job_id`` with a smaller configuration; None when it did so, else the outcome to record
     (the same one, with the retries made named in its message). ``attempt`` fences every write."""
     from service_core.queue import enqueue_job
+
+    # Here, not at the top: trainer_core.memory needs the [train] extra (accelerate, torch), and a
+    # worker's main process imports this module when it starts, [server] install or not.
+    from trainer_core.memory.planner import apply_changes, next_oom_changes
 
     fence = attempt
     with session_scope(settings.database_url) as session:

@@ -179,3 +179,13 @@ def test_dev_example_in_an_empty_folder(venv: Path, tmp_path: Path) -> None:
     # No packaged MiniLM in a [server] install: the example names the model on the hub.
     assert '"name_or_path": "sentence-transformers/all-MiniLM-L6-v2"' in spec
     assert str(tmp_path / "var" / "data" / "examples") in spec
+
+
+def test_a_worker_imports_without_the_training_extra() -> None:
+    """A [server] install has no torch, accelerate, transformers, datasets or peft: a run needs them, the
+    worker's main process (which hands jobs to runs) must start without them. `trainjobs dev` from such
+    an install lost its worker when the OOM retry imported the memory planner at module level."""
+    script = ("import sys; sys.modules.update(torch=None, accelerate=None, transformers=None, datasets=None, "
+              "peft=None); import worker.main, worker.tasks, worker.celery_app")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
