@@ -130,17 +130,17 @@ def queue_history(sessions: sessionmaker[Session], queue: str) -> list[Any]:
     if cached is not None and now - cached[0] < HISTORY_TTL_S:
         return cached[1]
     with sessions() as session:
-        # ix_jobs_status_created serves this (newest succeeded first); the queue is filtered here.
+        # ix_jobs_status_created serves this (newest succeeded first).
         rows = session.execute(
-            select(Job.queue, Job.estimate, Job.final_metrics)
-            .where(Job.status == JobStatus.succeeded.value)
+            select(Job.estimate, Job.final_metrics)
+            .where(Job.status == JobStatus.succeeded.value, Job.queue == queue)
             .order_by(Job.created_at.desc(), Job.id.desc())
             .limit(10 * HISTORY)
         ).all()
     observations = []
-    for job_queue, est, final in rows:
+    for est, final in rows:
         counted = (est or {}).get("time")
-        if job_queue != queue or not counted or not final:
+        if not counted or not final:
             continue
         samples, seconds = final.get("train_samples"), final.get("train_runtime_s")
         if not samples or not seconds or not counted.get("train_samples"):

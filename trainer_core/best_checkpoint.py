@@ -49,8 +49,7 @@ class BestCheckpoint:
 
 def protected_step(meta: dict[str, Any]) -> int | None:
     """The best checkpoint a checkpoint's description says retention must keep (the uploader's view)."""
-    training = (meta.get("spec") or {}).get("training") or {}
-    if not (training.get("keep_best_checkpoint") or training.get("load_best_model_at_end")):
+    if not TrainingSpec.model_validate((meta.get("spec") or {}).get("training") or {}).keeps_best:
         return None
     step = (meta.get(META_KEY) or {}).get("step")
     return int(step) if step is not None else None

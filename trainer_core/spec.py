@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -29,6 +29,9 @@ TEXT_TASKS = frozenset({"text-classification", "causal-lm"})
 Backend = Literal["trainer", "accelerate"]
 MixedPrecision = Literal["no", "fp16", "bf16"]
 MetricName = Literal["accuracy", "f1", "precision", "recall"]
+# An evaluation value by name (`eval_loss`, `eval_accuracy`, or without the prefix): what early stopping
+# and the best checkpoint decide by; JobSpec checks it is one the run's evaluations report.
+EvalMetric = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
 SchedulerName = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]
 EvalStrategy = Literal["no", "steps", "epoch"]
 
@@ -140,10 +143,10 @@ class TrainingSpec(StrictModel):
         default=3, ge=0, description="Stop with reason nan_loss after this many logging steps in a row with a "
         "loss that is not finite (0: never)."
     )
-    metric_for_best_model: str = Field(
-        default="eval_loss", min_length=1, max_length=64, pattern=r"^[a-z_]+$",
+    metric_for_best_model: EvalMetric = Field(
+        default="eval_loss",
         description="What makes a checkpoint the best: an evaluation metric of the run (as `early_stopping.metric`).",
-    )  # fmt: skip
+    )
     greater_is_better: bool | None = Field(
         default=None, description="For `metric_for_best_model`. Default: false for a loss or perplexity, else true."
     )
@@ -228,8 +231,8 @@ class EarlyStoppingSpec(StrictModel):
     """Stop a run whose evaluation metric has not improved for ``patience`` evaluations in a row; the
     job succeeds with ``stopped_early`` in its final metrics (trainer_core/early_stopping.py)."""
 
-    metric: str = Field(
-        default="eval_loss", min_length=1, max_length=64, pattern=r"^[a-z_]+$",
+    metric: EvalMetric = Field(
+        default="eval_loss",
         description="An evaluation metric of the run: `eval_loss`, or `eval_<name>` for a name in `metrics` "
         "(`eval_perplexity` for causal-lm); the `eval_` prefix may be left out.",
     )  # fmt: skip
@@ -268,21 +271,18 @@ class JobSpec(StrictModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
-        if self.training.keeps_best and self.training.best_metric not in self.evaluation_metrics():
+        if self.early_stopping is not None and self.training.eval_strategy == "no":
             raise combination_error(
-                "training.metric_for_best_model",
-                f"the run evaluates {', '.join(self.evaluation_metrics())}; not {self.training.best_metric!r}",
+                "early_stopping", "needs evaluations: set training.eval_strategy to 'steps' or 'epoch'"
             )
+        # The metrics that decide something must be ones the run's evaluations report.
+        deciding = [("training.metric_for_best_model", self.training.best_metric, self.training.keeps_best)]
         if self.early_stopping is not None:
-            if self.training.eval_strategy == "no":
-                raise combination_error(
-                    "early_stopping", "needs evaluations: set training.eval_strategy to 'steps' or 'epoch'"
-                )
-            known = self.evaluation_metrics()
-            if self.early_stopping.key not in known:
-                raise combination_error(
-                    "early_stopping.metric", f"the run evaluates {', '.join(known)}; not {self.early_stopping.key!r}"
-                )
+            deciding.append(("early_stopping.metric", self.early_stopping.key, True))
+        known = self.evaluation_metrics()
+        for field, key, used in deciding:
+            if used and key not in known:
+                raise combination_error(field, f"the run evaluates {', '.join(known)}; not {key!r}")
         if self.efficiency.local_sgd_steps is not None and self.training.backend != "accelerate":
             raise combination_error(
                 "efficiency.local_sgd_steps",
@@ -305,7 +305,7 @@ class JobSpec(StrictModel):
     def evaluation_metrics(self) -> list[str]:
         """The values an evaluation of this run reports (trainer_core.backends.common.eval_values)."""
         names = ["perplexity"] if self.task == "causal-lm" else list(self.metrics)
-        return ["eval_loss", *(f"eval_{name}" for name in names)]
+        return ["eval_loss", *map(metric_key, names)]
 
 
 def data_file_entries(value: Any, field: str = "dataset.data_files") -> Iterator[tuple[str, str]]:

@@ -9,7 +9,7 @@ checkpoint's loss is exactly the point the metrics endpoint shows at that step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
@@ -24,7 +24,7 @@ from api.schemas.jobs import CheckpointList, CheckpointOut
 from service_core.checkpoints import StoredCheckpoint, job_checkpoints
 from service_core.db.models import Job, MetricPoint
 from trainer_core.checkpoint import CHECKPOINT_PREFIX
-from trainer_core.spec import higher_is_better, metric_key
+from trainer_core.spec import TrainingSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=problem_responses(401, 404, 422))
 
@@ -32,15 +32,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=problem_re
 # (accelerate). Weights, config, tokenizer and the small scheduler/RNG files stay.
 OPTIMIZER_PREFIX = "optimizer"
 LOSS = "loss"
-DEFAULT_BEST_METRIC = "eval_loss"
-
-
-def best_metric(spec: dict[str, Any]) -> tuple[str, bool]:
-    """The metric that makes a checkpoint the best, and whether higher is better: the spec's
-    ``training.metric_for_best_model`` (default ``eval_loss``), by the run's own rule (trainer_core.spec)."""
-    training = spec.get("training") or {}
-    name = metric_key(str(training.get("metric_for_best_model") or DEFAULT_BEST_METRIC))
-    return name, higher_is_better(name, training.get("greater_is_better"))
 
 
 @dataclass
@@ -70,8 +61,9 @@ def _points(session: Session, job_id: str) -> tuple[list[tuple[int, float | None
 def checkpoint_list(session: Session, job: Job, found: list[StoredCheckpoint]) -> CheckpointList:
     """Each checkpoint with the newest loss and evaluation at or before its step, best and retention."""
     losses, evaluations = _points(session, job.id)
-    metric, greater = best_metric(job.spec)
-    limit = (job.spec.get("training") or {}).get("save_total_limit")
+    # The stored spec's training section, read by the run's own rules (trainer_core/spec.py).
+    training = TrainingSpec.model_validate(job.spec.get("training") or {})
+    metric, greater, limit = training.best_metric, training.best_higher_is_better, training.save_total_limit
     items = []
     for index, ckpt in enumerate(found):
         loss = next((p for p in reversed(losses) if p[0] <= ckpt.step), None)
@@ -82,7 +74,7 @@ def checkpoint_list(session: Session, job: Job, found: list[StoredCheckpoint]) -
                 eval_step=evaluation.step if evaluation else None,
                 eval_metrics=evaluation.values if evaluation else {},
                 size=ckpt.size, created_at=ckpt.taken_at, is_best=False,
-                kept=limit is None or index >= len(found) - int(limit),
+                kept=limit is None or index >= len(found) - limit,
                 download_url=f"/v1/jobs/{job.id}/checkpoints/{ckpt.step}.zip",
             )
         )  # fmt: skip
@@ -93,9 +85,7 @@ def checkpoint_list(session: Session, job: Job, found: list[StoredCheckpoint]) -
         sign = -1.0 if greater else 1.0
         best = min(scored, key=lambda item: (sign * float(item.eval_metrics[metric] or 0.0), item.step))
         best.is_best = True
-        training = job.spec.get("training") or {}
-        if training.get("keep_best_checkpoint") or training.get("load_best_model_at_end"):
-            best.kept = True
+        best.kept = best.kept or training.keeps_best
     return CheckpointList(items=items, best_metric=metric, greater_is_better=greater, save_total_limit=limit)
 
 

@@ -143,7 +143,6 @@ class RunEvents:
         self.emit = emit
         self.early = EarlyStopper(spec.early_stopping)
         self.best = BestCheckpoint(spec.training)
-        self.by_step: dict[int, dict[str, float]] = {}  # every evaluation of this session, by step
         if resume_from is not None:  # what the checkpoint's run had learned from its evaluations
             meta = read_meta(resume_from)
             self.early.restore(meta.get("early_stopping"))
@@ -170,14 +169,14 @@ class RunEvents:
     def evaluated(self, step: int, epoch: float | None, values: dict[str, float]) -> None:
         """An ``eval`` event; its values become the run's final evaluation unless another follows."""
         self.last_eval, self.eval_step = values, step
-        self.by_step[step] = values
         self.emit(make_event("eval", step=step, epoch=epoch, values=values))
         self.early.observe(step, values)
 
     def checkpoint_written(self, step: int) -> dict[str, Any]:
         """A checkpoint at ``step`` is about to be described: it may be the best (when evaluated at its
-        step); returns what its description keeps of the evaluations (see write_meta)."""
-        self.best.saved(step, self.by_step.get(step))
+        step: both backends evaluate before they save); returns what its description keeps of the
+        evaluations (see write_meta)."""
+        self.best.saved(step, self.last_eval if self.eval_step == step else None)
         kept: dict[str, Any] = {BEST_META_KEY: self.best.state()}
         early = self.early.state()
         if early is not None:
