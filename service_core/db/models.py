@@ -110,6 +110,8 @@ class Job(Base):
     # Submitted with an admin key: its run may read every owner's uploads, as the submit's check let it
     # (the run checks its paths again: trainer_core/path_guard.py). Otherwise only its owner's.
     reads_all_uploads: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Where the run's trackers show it ({"wandb": url, "mlflow": url}), as the run reported them.
+    tracker_links: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
 
 class JobTotal(Base):
@@ -204,3 +206,59 @@ class MetricPoint(Base):
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float | None] = mapped_column(Float, default=None)
     time: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Webhook(Base):
+    """An owner's endpoint for job events, signed per the Standard Webhooks specification.
+
+    The secret is kept because each delivery is signed with it; the API shows it once, at creation
+    and at rotation.
+    """
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(128), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    # the event types it receives ("job.succeeded", "checkpoint.created", ...)
+    events: Mapped[list[Any]] = mapped_column()
+    description: Mapped[str] = mapped_column(Text, default="")
+    secret: Mapped[str] = mapped_column(String(128))
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # why it was disabled (the endpoint answered 410 Gone), shown by the API
+    disabled_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event for one webhook: the durable outbox row a sender claims, sends and retries.
+
+    Written in the transaction that makes the event happen, so an API or worker restart loses none.
+    """
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        # the sender's scan: due deliveries, oldest first
+        Index("ix_webhook_deliveries_state_next", "state", "next_attempt_at"),
+        # a webhook's delivery list, newest first
+        Index("ix_webhook_deliveries_webhook_created", "webhook_id", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    job_id: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
+    # orders one job's deliveries to one webhook (a per-database sequence would do; this is portable)
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), default=0)
+    event_type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column()
+    # pending | delivered | failed (gave up after the retry window) | disabled (the webhook was)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # the sender that holds it, until when (a lease per delivery: one sender at a time)
+    claimed_by: Mapped[str | None] = mapped_column(String(256), default=None)
+    claimed_until: Mapped[datetime | None] = mapped_column(default=None)
+    # every attempt: [{"at", "status_code", "error", "duration_ms"}]
+    attempt_log: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(default=None)
