@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     lease_renew_seconds: float = Field(default=10.0, gt=0, validation_alias="TRAINJOBS_LEASE_RENEW_SECONDS")
     sweep_seconds: float = Field(default=30.0, gt=0, validation_alias="TRAINJOBS_SWEEP_SECONDS")
     redeliver_after_seconds: float = Field(default=60.0, gt=0, validation_alias="TRAINJOBS_REDELIVER_AFTER_SECONDS")
+    # Testing aid and private deployments only: lifts the public-address rule (trainer_core/net_guard.py)
+    # for webhook URLs and for tracker URIs named in specs, so a receiver or an MLflow server on this
+    # machine or a private network can be reached. Off unless set.
+    allow_private_targets: bool = Field(default=False, validation_alias="TRAINJOBS_ALLOW_PRIVATE_TARGETS")
     # How long an API process trusts a key it has checked; a revocation takes effect within this time.
     auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
     # A worker slot forks its runs from a parent that has imported torch and transformers already
