@@ -115,16 +115,17 @@ def over_budget_advice(plan_body: dict[str, Any]) -> str:
 # A queue's history of finished jobs changes slowly: read it at most once a minute per API process
 # (keyed by database and queue).
 HISTORY_TTL_S = 60.0
-_history: dict[tuple[str, str], tuple[float, list[Any]]] = {}
+_history: dict[tuple[str, str, str | None], tuple[float, list[Any]]] = {}
 _history_lock = threading.Lock()
 
 
-def queue_history(sessions: sessionmaker[Session], queue: str) -> list[Any]:
+def queue_history(sessions: sessionmaker[Session], queue: str, family: str | None = None) -> list[Any]:
     """The queue's newest succeeded jobs as time observations (oldest first): the work each was
-    counted to do, scaled to the samples it trained, over the seconds it trained."""
+    counted to do, scaled to the samples it trained, over the seconds it trained; with ``family``, only
+    the jobs of that model family (``model_type``)."""
     from trainer_core.time_estimate import HISTORY, Observation
 
-    now, key = time.monotonic(), (str(sessions.kw.get("bind")), queue)
+    now, key = time.monotonic(), (str(sessions.kw.get("bind")), queue, family)
     with _history_lock:
         cached = _history.get(key)
     if cached is not None and now - cached[0] < HISTORY_TTL_S:
@@ -140,13 +141,14 @@ def queue_history(sessions: sessionmaker[Session], queue: str) -> list[Any]:
     observations = []
     for est, final in rows:
         counted = (est or {}).get("time")
-        if not counted or not final:
+        if not counted or not final or (family is not None and counted.get("family") != family):
             continue
         samples, seconds = final.get("train_samples"), final.get("train_runtime_s")
         if not samples or not seconds or not counted.get("train_samples"):
             continue
         share = samples / counted["train_samples"]  # a resumed run reports its last session only
-        observations.append(Observation((counted["train_flops"] + counted["eval_flops"]) * share, float(seconds)))
+        work = (counted["train_flops"] + counted["eval_flops"]) * share
+        observations.append(Observation(work, float(seconds), steps=(counted.get("steps") or 0) * share))
         if len(observations) == HISTORY:
             break
     observations.reverse()
@@ -165,14 +167,15 @@ def time_estimate(
     ``train_rows`` in an estimate request)."""
     from trainer_core.flops import NotModelled, run_samples, sample_flops
     from trainer_core.memory.parameters import model_structure
-    from trainer_core.time_estimate import calibrate, device_peak, predict_seconds
+    from trainer_core.time_estimate import MIN_JOBS, calibrate, device_peak, predict_seconds
 
     if not train_rows:
         return None
     try:
         # The structure the memory estimate built (cached; its head has the config's label count,
         # which moves the count by a head's few multiply-adds a sample).
-        sample = sample_flops(model_structure(spec.model, spec.task), spec)
+        structure = model_structure(spec.model, spec.task)
+        sample = sample_flops(structure, spec)
     except NotModelled as exc:
         logger.info("no time estimate for job %r: %s", spec.name, exc)
         return None
@@ -184,28 +187,87 @@ def time_estimate(
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(spec.efficiency.mixed_precision, "fp32")
     # Without a device the rate itself is learned (a peak of 1 FLOP/s makes the efficiency the rate).
     peak = device_peak(device, dtype) * spec.resources.num_processes if device else 1.0  # type: ignore[arg-type]
-    calibration = calibrate(queue_history(sessions, queue), peak)
+    # The model family's own history where it has enough jobs (its step overhead and efficiency are
+    # its own: a BERT and a Llama of one size differ), else the whole queue's.
+    family = structure.model_type
+    history = queue_history(sessions, queue, family)
+    scope = f"model family {family}"
+    if len(history) < MIN_JOBS:
+        history, scope = queue_history(sessions, queue), "queue"
+    calibration = calibrate(history, peak)
     train_flops, eval_flops = sample.train * samples, sample.forward * eval_samples
     body: dict[str, Any] = {
         "device": device, "dtype": dtype, "peak_flops": peak if device else None,
         "tokens_per_sample": sample.tokens, "steps": steps, "train_samples": samples, "eval_samples": eval_samples,
-        "flops_per_train_sample": sample.train, "flops_per_eval_sample": sample.forward,
+        "family": structure.model_type, "flops_per_train_sample": sample.train, "flops_per_eval_sample": sample.forward,
         "train_flops": train_flops, "eval_flops": eval_flops, "formula": sample.formula,
         "calibration": {"jobs": calibration.jobs, "calibrated": calibration.calibrated,
-                        "efficiency": calibration.efficiency if device else None, "spread": calibration.spread},
+                        "efficiency": calibration.efficiency if device else None, "spread": calibration.spread,
+                        "overhead_s_per_step": calibration.overhead_s, "scope": scope},
     }  # fmt: skip
     if not calibration.calibrated and not device:
         body["seconds"] = None
         body["note"] = (f"uncalibrated: queue {queue!r} has fewer finished jobs than needed and no device in "
                         "TRAINJOBS_QUEUE_DEVICES")  # fmt: skip
         return body
-    predicted = predict_seconds(train_flops + eval_flops, peak, calibration)
+    predicted = predict_seconds(train_flops + eval_flops, peak, calibration, steps=steps)
     rate = peak * calibration.efficiency
+    train_seconds = steps * calibration.overhead_s + train_flops / rate
     body |= {
         "seconds": predicted.seconds, "seconds_p10": predicted.low, "seconds_p90": predicted.high,
-        "train_seconds": train_flops / rate, "eval_seconds": eval_flops / rate,
-        "samples_per_second": rate / sample.train, "tokens_per_second": rate / sample.train * sample.tokens,
+        "train_seconds": train_seconds, "eval_seconds": eval_flops / rate,
+        "samples_per_second": samples / train_seconds if train_seconds else None,
+        "tokens_per_second": samples / train_seconds * sample.tokens if train_seconds else None,
     }  # fmt: skip
     if not calibration.calibrated:
         body["note"] = f"uncalibrated: the prior efficiency, until queue {queue!r} has finished jobs to learn from"
     return body
+
+
+def with_cost(time_body: dict[str, Any] | None, spec: JobSpec, queue: str, settings: Settings) -> dict[str, Any] | None:
+    """The time part with what it costs: predicted device-hours, the queue's price and their product."""
+    from service_core.usage import cost_of, device_hours
+
+    if time_body is None:
+        return None
+    price = settings.queue_prices.get(queue)
+    seconds = time_body.get("seconds")
+    hours = None if seconds is None else device_hours(seconds, spec.resources.num_processes)
+    return time_body | {
+        "devices": spec.resources.num_processes,
+        "device_hours": hours,
+        "price_per_device_hour": price,
+        "cost": None if hours is None else cost_of(hours, price),
+    }
+
+
+def check_monthly_budget(
+    owner: str, estimate: dict[str, Any] | None, spec: JobSpec, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """A 429 when the owner's monthly device-hours (TRAINJOBS_OWNER_MONTHLY_DEVICE_HOURS) cannot hold
+    this job's prediction beside what its jobs spent and reserved this month. A job the time model
+    cannot predict is let through: there is nothing to hold it against until it has run."""
+    from service_core.usage import committed_hours, monthly_budget, predicted_device_hours
+
+    budget = monthly_budget(settings.owner_monthly_device_hours, owner)
+    predicted = predicted_device_hours(estimate, spec.resources.num_processes)
+    if budget is None or predicted is None:
+        return
+    with sessions() as session:
+        committed = committed_hours(session, owner)
+    left = max(0.0, budget - committed)
+    if predicted <= left:
+        return
+    raise Problem(
+        429,
+        f"the job is predicted to take {predicted:.3g} device-hours, and {owner}'s monthly budget of {budget:g} "
+        f"device-hours (TRAINJOBS_OWNER_MONTHLY_DEVICE_HOURS) has {left:.3g} left ({committed:.3g} spent or "
+        "reserved by jobs this month); shorten the job, wait for the next month, or ask an admin for more",
+        title="Monthly device-hour budget exceeded",
+        type_="urn:trainjobs:problem:monthly-budget",
+        errors=[{"field": "budget", "message": f"{predicted:.3g} device-hours over {left:.3g} left", "type": "budget"}],
+        budget_device_hours=budget,
+        committed_device_hours=committed,
+        left_device_hours=left,
+        predicted_device_hours=predicted,
+    )

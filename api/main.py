@@ -39,6 +39,8 @@ from api.routes import (
     keys,
     logs,
     metrics,
+    usage,
+    webhooks,
 )
 from api.routes.prometheus import install_metrics
 from api.streams import StreamSlots
@@ -63,6 +65,8 @@ ROUTERS: list[APIRouter] = [
     datasets.router,
     estimates.router,
     keys.router,
+    usage.router,
+    webhooks.router,
 ]
 
 # Threads each API process runs blocking request work on (anyio's default: 40). The work is short

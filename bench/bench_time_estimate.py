@@ -2,7 +2,8 @@
 
 Three calibration jobs train first; the queue's efficiency is fitted from them exactly as the service
 fits a queue's finished jobs (``trainer_core.time_estimate.calibrate`` over ``Observation(counted FLOPs,
-train_runtime_s)``). Then ten new specs, differing in model size, batch, max length, packing, adapter,
+train_runtime_s, steps)``: a per-step overhead and a rate where the three differ enough in work per
+step). Then ten new specs, differing in model size, batch, max length, packing, adapter,
 gradient checkpointing and optimizer, are predicted (``predict_seconds`` on their counted FLOPs,
 ``trainer_core.flops.training_flops``, the service's own count) and trained, and the table prints
 predicted / actual train time for each. Goal: every ratio within 0.8-1.25 (stretch 0.9-1.1).
@@ -11,8 +12,8 @@ Every run is the engine's (``trainer_core.run.train_job``, in this process, ``tr
 no evaluation). The text rows are longer than ``max_length`` (the count assumes full rows; data of
 varied lengths needs the length histogram the count does not take yet), and the causal-LM data
 is the varied prompt/completion set of ``bench_llm.py``, packed or padded as each spec says. Packing
-today flattens a batch into one sequence (attention over B*L positions, issue 25), which the count
-(attention over L per row) does not model: the packed rows show that error.
+today flattens a batch into one sequence (attention over B*L positions, issue 25), and the count
+models that path.
 
     .venv/bin/python bench/bench_time_estimate.py [--steps 30]
 """
@@ -146,16 +147,16 @@ def main() -> None:
         history = []
         for spec in calibration:
             flops, seconds = measure(spec, root / "runs" / spec["name"])
-            history.append(Observation(flops, seconds))
+            history.append(Observation(flops, seconds, steps=spec["training"]["max_steps"]))
             print(f"calibration {spec['name']:<28} {flops / 1e9:10.1f} GFLOP {seconds:8.2f} s", flush=True)
         fit = calibrate(history, peak)
-        print(f"fitted efficiency {fit.efficiency:.3f} of the nominal peak, spread {fit.spread:.3f}, "
-              f"calibrated {fit.calibrated}\n")  # fmt: skip
+        print(f"fitted efficiency {fit.efficiency:.3f} of the nominal peak, overhead {1000 * fit.overhead_s:.1f} ms "
+              f"a step, spread {fit.spread:.3f}, calibrated {fit.calibrated}\n")  # fmt: skip
         print(f"{'spec':<28} {'GFLOP':>9} {'predicted s':>12} {'p10-p90 s':>15} {'actual s':>9} {'ratio':>6}  goal")
         inside = 0
         for spec in new:
             flops, seconds = measure(spec, root / "runs" / spec["name"])
-            predicted = predict_seconds(flops, peak, fit)
+            predicted = predict_seconds(flops, peak, fit, steps=spec["training"]["max_steps"])
             ratio = predicted.seconds / seconds
             ok = LOW <= ratio <= HIGH
             inside += ok

@@ -48,6 +48,14 @@ class Settings(BaseSettings):
     # queue name -> the device its workers train on, a name of trainer_core.time_estimate.DEVICES,
     # e.g. {"gpu-80g": "H100-SXM"}: the peak the time estimate scales (issue 29)
     queue_devices: dict[str, str] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_DEVICES")
+    # queue name -> price per device-hour, e.g. {"gpu-80g": 2.5}: the predicted and charged cost of its
+    # jobs (service_core/usage.py); a queue without a price has no cost
+    queue_prices: dict[str, float] = Field(default_factory=dict, validation_alias="TRAINJOBS_QUEUE_PRICES")
+    # owner -> device-hours a UTC month ("*": every owner not named), or one number for every owner;
+    # a submit whose predicted device-hours exceed what is left is a 429 (service_core/usage.py)
+    owner_monthly_device_hours: dict[str, float] = Field(
+        default_factory=dict, validation_alias="TRAINJOBS_OWNER_MONTHLY_DEVICE_HOURS"
+    )
     memory_overhead_mb: int | None = Field(default=None, ge=0, validation_alias=OVERHEAD_ENV)  # MiB
     # Fault tolerance (README "Operations"): a running job's heartbeat lease, the sweep that requeues
     # expired ones, and how old a queued job's message must be before the sweep re-sends it.
@@ -59,6 +67,13 @@ class Settings(BaseSettings):
     # for webhook URLs and for tracker URIs named in specs, so a receiver or an MLflow server on this
     # machine or a private network can be reached. Off unless set.
     allow_private_targets: bool = Field(default=False, validation_alias="TRAINJOBS_ALLOW_PRIVATE_TARGETS")
+    # Where users reach this service (https://trainjobs.example.com): makes webhook payloads' dashboard_url
+    # absolute. Unset: a path (/dashboard#/jobs/ID) the receiver joins to the address it knows.
+    public_url: str | None = Field(default=None, validation_alias="TRAINJOBS_PUBLIC_URL")
+    # Webhook sending (worker/webhook_sender.py): how often each worker looks for due deliveries, and the
+    # first retry wait (doubled per attempt, full jitter, capped at an hour). Tuning and testing aids.
+    webhook_poll_seconds: float = Field(default=2.0, gt=0, validation_alias="TRAINJOBS_WEBHOOK_POLL_SECONDS")
+    webhook_backoff_seconds: float = Field(default=5.0, gt=0, validation_alias="TRAINJOBS_WEBHOOK_BACKOFF_SECONDS")
     # How long an API process trusts a key it has checked; a revocation takes effect within this time.
     auth_cache_seconds: float = Field(default=10.0, ge=0, validation_alias="TRAINJOBS_AUTH_CACHE_SECONDS")
     # A worker slot forks its runs from a parent that has imported torch and transformers already
@@ -102,10 +117,23 @@ class Settings(BaseSettings):
             return value.rstrip("/")
         return value
 
-    @field_validator("queue_budgets", "queue_devices", mode="before")
+    @field_validator("queue_budgets", "queue_devices", "queue_prices", "owner_monthly_device_hours", mode="before")
     @classmethod
     def _parse_json_maps(cls, value: object) -> object:
         return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("owner_monthly_device_hours", mode="before")
+    @classmethod
+    def _one_budget_for_all(cls, value: object) -> object:
+        # pydantic-settings has decoded the variable's JSON already: a bare number is every owner's budget
+        return {"*": value} if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+    @field_validator("queue_prices", "owner_monthly_device_hours")
+    @classmethod
+    def _not_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        if negative := sorted(k for k, v in value.items() if v < 0):
+            raise ValueError(f"negative values for {', '.join(negative)}")
+        return value
 
     @field_validator("queue_devices")
     @classmethod

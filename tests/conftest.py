@@ -1,4 +1,4 @@
-"""Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 server; and how
+"""Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 and MLflow servers; and how
 ``pytest -n 2`` spreads the suite over both cores (``make test`` still runs it serially)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest
 
+from tests.mlflow_server import MlflowServer, mlflow_server
 from trainjobs.seaweedfs import SeaweedFS
 
 # Running the suite on both cores (``pytest -n 2``, xdist). `make test` still runs serially: under
@@ -110,6 +111,13 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
         for name, value in store.aws_env().items():
             patch.setenv(name, value)
         yield store
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A real ``mlflow server`` for the session (tests/mlflow_server.py); tests use experiments of their own."""
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
 
 
 @pytest.fixture

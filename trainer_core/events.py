@@ -1,7 +1,8 @@
 """Run events: one JSON object per line, the contract between a training run and whoever watches it.
 
 Kinds (``event`` field): ``progress``, ``metric``, ``eval``, ``memory``, ``log``, ``checkpoint`` (a
-checkpoint complete on disk: its step, epoch and the last training loss) and ``done``. Every
+checkpoint complete on disk: its step, epoch and the last training loss), ``trackers`` (where the
+run's W&B / MLflow runs are: trainer_core/trackers.py) and ``done``. Every
 event carries ``time``, a UTC ISO-8601 timestamp. The worker parses these lines from the run's stdout;
 the CLI renders them as a progress bar. Only the main process emits.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO, get_args
 
-EventKind = Literal["progress", "metric", "eval", "memory", "log", "checkpoint", "done"]
+EventKind = Literal["progress", "metric", "eval", "memory", "log", "checkpoint", "trackers", "done"]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 RunStatus = Literal["succeeded", "failed", "cancelled"]
 # Exit status of `python -m trainer_core` (and so of `trainjobs train`) for each way a run ends, and for

@@ -24,6 +24,7 @@ from trainer_core.oom_fault import install_oom_fault
 from trainer_core.path_guard import Reach, check_reach
 from trainer_core.spec import FieldError, JobSpec, SpecError, untrainable_errors
 from trainer_core.stopping import StopSignal
+from trainer_core.trackers import TrackerRuns
 
 logger = logging.getLogger(__name__)
 # Re-exported: callers (the CLI, launch) know them as run.failure_reason/failure_summary.
@@ -39,8 +40,9 @@ def is_distributed_rank() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-# report_to name -> the package its tracker needs
-TRACKER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+# report_to name -> the package its tracker needs, and what installs it
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+TRACKER_INSTALLS = {"tensorboard": "tensorboard", "wandb": "trainjobs[wandb]", "mlflow": "trainjobs[mlflow]"}
 
 
 def check_runnable(spec: JobSpec) -> None:
@@ -54,7 +56,7 @@ def check_runnable(spec: JobSpec) -> None:
         )
     for i, tracker in enumerate(spec.training.report_to):
         if importlib.util.find_spec(TRACKER_PACKAGES[tracker]) is None:
-            message = f"'{tracker}' is not installed on this machine (pip install {TRACKER_PACKAGES[tracker]})"
+            message = f"'{tracker}' is not installed on this machine (pip install '{TRACKER_INSTALLS[tracker]}')"
             raise SpecError([FieldError(f"training.report_to.{i}", message)])
 
 
@@ -138,12 +140,30 @@ def train_job(
     except SpecError as exc:
         sink(make_event("done", status="failed", summary=failure_summary(exc)))
         raise
-    if spec.resources.num_processes > 1 and not is_distributed_rank():
-        from trainer_core.launch import run_distributed
+    if is_distributed_rank():  # rank 0's events reach the launching process, whose trackers mirror them
+        return _train_here(spec, output_dir, sink, resume, stop_file, cache_dir, reach)
+    try:
+        trackers = TrackerRuns(spec, output_dir, resume=resume)
+    except Exception as exc:
+        logger.exception("the trackers (training.report_to) did not start")
+        sink(make_event("done", status="failed", summary=failure_summary(exc)))
+        return "failed"
+    with trackers:
+        tracked = trackers.sink(sink)
+        if spec.resources.num_processes > 1:
+            from trainer_core.launch import run_distributed
 
-        return run_distributed(
-            spec, output_dir, emit=sink, resume=resume, stop_file=stop_file, cache_dir=cache_dir, reach=reach
-        )
+            return run_distributed(
+                spec, output_dir, emit=tracked, resume=resume, stop_file=stop_file, cache_dir=cache_dir, reach=reach
+            )
+        return _train_here(spec, output_dir, tracked, resume, stop_file, cache_dir, reach)
+
+
+def _train_here(
+    spec: JobSpec, output_dir: Path, sink: EventSink, resume: bool, stop_file: Path | None, cache_dir: Path | None,
+    reach: Reach | None,
+) -> RunStatus:
+    """Train in this process (the only one, or one torchrun rank); emits ``done`` through ``sink``."""
     install_oom_fault()  # a testing aid; does nothing unless its environment setting is present
     main = int(os.environ.get("RANK", "0")) == 0
     guarded = deadline_guard(nan_guard(sink, spec.training.nan_patience), spec.resources.max_runtime_minutes)

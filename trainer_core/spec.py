@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, model_validator
 from trainer_core.optimizers import OptimizerSpec
 from trainer_core.spec_adapter import AdapterSpec
 from trainer_core.spec_base import StrictModel, combination_error
+from trainer_core.spec_integrations import IntegrationsSpec
 
 Task = Literal["text-classification", "image-classification", "audio-classification", "causal-lm"]
 TEXT_TASKS = frozenset({"text-classification", "causal-lm"})
@@ -34,6 +35,7 @@ MetricName = Literal["accuracy", "f1", "precision", "recall"]
 EvalMetric = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
 SchedulerName = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]
 EvalStrategy = Literal["no", "steps", "epoch"]
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
 
 BUILTIN_DATASET_BUILDERS = ("csv", "json", "parquet", "imagefolder", "audiofolder")
 
@@ -138,7 +140,10 @@ class TrainingSpec(StrictModel):
     save_steps: int = Field(default=500, ge=1)
     save_total_limit: int | None = Field(default=None, ge=1)
     dataloader_num_workers: int = Field(default=0, ge=0, le=64)
-    report_to: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+    report_to: list[Tracker] = Field(
+        default_factory=list, description="Trackers that receive every metric point the job streams: TensorBoard "
+        "(`<output_dir>/runs`), W&B and MLflow (configured under `integrations`).",
+    )  # fmt: skip
     nan_patience: int = Field(
         default=3, ge=0, description="Stop with reason nan_loss after this many logging steps in a row with a "
         "loss that is not finite (0: never)."
@@ -268,6 +273,9 @@ class JobSpec(StrictModel):
     early_stopping: EarlyStoppingSpec | None = Field(
         default=None, description="Stop when the evaluation metric stops improving; needs evaluations."
     )
+    integrations: IntegrationsSpec | None = Field(
+        default=None, description="W&B and MLflow settings for the trackers `training.report_to` names."
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
@@ -300,6 +308,10 @@ class JobSpec(StrictModel):
             raise combination_error(
                 "adapter.compute_dtype", f"must match efficiency.mixed_precision ({mixed!r}): autocast sets the dtype"
             )
+        for tracker in ("wandb", "mlflow"):
+            # report_to alone says which trackers are on; a section for one it leaves out would be ignored
+            if getattr(self.integrations, tracker, None) is not None and tracker not in self.training.report_to:
+                raise combination_error(f"integrations.{tracker}", f"add '{tracker}' to training.report_to to use it")
         return self
 
     def evaluation_metrics(self) -> list[str]:

@@ -8,6 +8,14 @@ more than any table could say. So it is learned: each finished job gives one ``e
 FLOPs / (seconds x peak)``, and :func:`calibrate` fits the recent ones robustly (the median of their
 logarithms, the spread from the median absolute deviation, so one odd job does not move it).
 
+A step also costs time the FLOP count does not see: the data loader, the optimizer step (memory-bound),
+kernel launches, the logging. On small models it is most of the step (bench/README: a BERT of 128x2
+reached 79 GFLOP/s on the CPU, one of 384x6 153, as a fixed cost per step makes it). So where the
+history varies enough in work per step to tell the two apart (:data:`MIN_WORK_RATIO`), the fit has
+two terms, ``seconds = steps x overhead + FLOPs / (peak x efficiency)``: a least-squares fit in
+relative error, refitted once without the jobs whose residual is far from the rest (a stalled data
+loader), with the overhead clamped at 0. Otherwise it is the one-term fit above.
+
 The answer is a range, p10-p90 of a new job's time: ``exp(median ± t x spread x sqrt(1 + 1/n))``
 (a prediction interval, Student's t with ``n - 1`` degrees of freedom), so it narrows as the history
 grows, and the spread is pooled with the prior's (:data:`PRIOR_WEIGHT`) so a handful of similar
@@ -127,22 +135,34 @@ def device_peak(device: str, dtype: Dtype) -> float:
     raise ValueError(f"{device} has no published {dtype} figure")
 
 
+# The two-term fit needs jobs whose work per step differs by at least this factor (largest over
+# smallest), or steps and FLOPs move together and the overhead cannot be told from the rate.
+MIN_WORK_RATIO = 2.0
+# A job whose log residual is further than this many robust sigmas from the median is left out of
+# the refit (it still counts in the spread: the range must stay honest about such jobs).
+OUTLIER_SIGMAS = 3.0
+
+
 @dataclass(frozen=True)
 class Observation:
-    """One finished job: the FLOPs its run was counted to do, and the seconds it trained."""
+    """One finished job: the FLOPs its run was counted to do, the seconds it trained, and its optimizer
+    steps (0 when unknown: such a job informs the one-term fit only)."""
 
     flops: float
     seconds: float
+    steps: float = 0.0
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """A queue's efficiency: the centre and spread of ``log(efficiency)``, from ``jobs`` finished jobs."""
+    """A queue's rate: the centre and spread of ``log(efficiency)``, from ``jobs`` finished jobs, and
+    the seconds each optimizer step costs beyond its FLOPs (0 for the one-term fit)."""
 
     log_efficiency: float
     spread: float
     jobs: int
     calibrated: bool
+    overhead_s: float = 0.0
 
     @property
     def efficiency(self) -> float:
@@ -157,19 +177,58 @@ class Calibration:
         return math.exp(-width), math.exp(width)
 
 
+def _pooled_spread(residuals: Sequence[float], fitted: int) -> float:
+    """The spread of log residuals: 1.4826 x MAD estimates a normal's sigma. A few jobs' spread is
+    itself uncertain (3 similar jobs would claim certainty), so it is pooled with the prior's as if the
+    prior were PRIOR_WEIGHT jobs; ``fitted`` parameters use up degrees of freedom."""
+    centre = statistics.median(residuals)
+    seen = 1.4826 * statistics.median(abs(x - centre) for x in residuals)
+    dof = max(len(residuals) - fitted, 1)
+    return math.sqrt((PRIOR_WEIGHT * PRIOR_SPREAD**2 + dof * seen**2) / (PRIOR_WEIGHT + dof))
+
+
+def _two_terms(jobs: Sequence[Observation]) -> tuple[float, float] | None:
+    """(overhead seconds a step, seconds a FLOP) minimising the squared relative error of
+    ``steps x overhead + FLOPs x k`` against each job's seconds; None when it has no positive rate."""
+    # Each job's row divided by its seconds: relative error, so a long job does not outweigh the rest.
+    a = [o.steps / o.seconds for o in jobs]
+    b = [o.flops / o.seconds for o in jobs]
+    saa, sab, sbb = sum(x * x for x in a), sum(x * y for x, y in zip(a, b, strict=True)), sum(y * y for y in b)
+    det = saa * sbb - sab * sab
+    if det <= 1e-12 * saa * sbb:
+        return None
+    overhead = (sbb * sum(a) - sab * sum(b)) / det
+    per_flop = (saa * sum(b) - sab * sum(a)) / det
+    if overhead < 0:  # no measurable overhead: the best rate alone
+        overhead, per_flop = 0.0, sum(b) / sbb
+    return (overhead, per_flop) if per_flop > 0 else None
+
+
+def _log_residuals(jobs: Sequence[Observation], overhead: float, per_flop: float) -> list[float]:
+    return [math.log(o.seconds / (o.steps * overhead + o.flops * per_flop)) for o in jobs]
+
+
 def calibrate(history: Sequence[Observation], peak: float) -> Calibration:
-    """Fit a queue's efficiency from its newest :data:`HISTORY` finished jobs (oldest first)."""
+    """Fit a queue's rate from its newest :data:`HISTORY` finished jobs (oldest first): two terms
+    (overhead a step, efficiency) where the jobs' work per step varies enough, else the efficiency."""
     usable = [o for o in history[-HISTORY:] if o.flops > 0 and o.seconds > 0]
     if len(usable) < MIN_JOBS:
         return Calibration(math.log(PRIOR_EFFICIENCY), PRIOR_SPREAD, len(usable), calibrated=False)
+    stepped = [o for o in usable if o.steps > 0]
+    work = [o.flops / o.steps for o in stepped]
+    if len(stepped) == len(usable) and max(work) >= MIN_WORK_RATIO * min(work):
+        fit = _two_terms(usable)
+        if fit is not None:
+            residuals = _log_residuals(usable, *fit)
+            centre = statistics.median(residuals)
+            mad = 1.4826 * statistics.median(abs(r - centre) for r in residuals) or 1e-12
+            kept = [o for o, r in zip(usable, residuals, strict=True) if abs(r - centre) <= OUTLIER_SIGMAS * mad]
+            refit = _two_terms(kept) if len(kept) >= MIN_JOBS and len(kept) < len(usable) else None
+            overhead, per_flop = refit or fit
+            spread = _pooled_spread(_log_residuals(usable, overhead, per_flop), fitted=2)
+            return Calibration(math.log(1 / (per_flop * peak)), spread, len(usable), True, overhead_s=overhead)
     logs = [math.log(o.flops / (o.seconds * peak)) for o in usable]
-    centre = statistics.median(logs)
-    # 1.4826 x MAD estimates a normal's sigma. A few jobs' spread is itself uncertain (3 similar jobs
-    # would claim certainty), so it is pooled with the prior's as if the prior were PRIOR_WEIGHT jobs.
-    seen = 1.4826 * statistics.median(abs(x - centre) for x in logs)
-    dof = len(usable) - 1
-    spread = math.sqrt((PRIOR_WEIGHT * PRIOR_SPREAD**2 + dof * seen**2) / (PRIOR_WEIGHT + dof))
-    return Calibration(centre, spread, len(usable), calibrated=True)
+    return Calibration(statistics.median(logs), _pooled_spread(logs, fitted=1), len(usable), calibrated=True)
 
 
 @dataclass(frozen=True)
@@ -180,8 +239,9 @@ class TimePrediction:
     calibration: Calibration
 
 
-def predict_seconds(flops: float, peak: float, calibration: Calibration) -> TimePrediction:
-    """Seconds to do ``flops`` of work on a device of ``peak`` FLOP/s at the calibrated efficiency."""
-    seconds = flops / (peak * calibration.efficiency)
+def predict_seconds(flops: float, peak: float, calibration: Calibration, steps: float = 0.0) -> TimePrediction:
+    """Seconds to do ``flops`` of work in ``steps`` optimizer steps on a device of ``peak`` FLOP/s at the
+    calibrated efficiency and per-step overhead."""
+    seconds = steps * calibration.overhead_s + flops / (peak * calibration.efficiency)
     low, high = calibration.factor_range()
     return TimePrediction(seconds, seconds * low, seconds * high, calibration)

@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "submit": "trainjobs.commands.remote",
     "jobs": "trainjobs.commands.remote",
     "datasets": "trainjobs.commands.remote",
+    "usage": "trainjobs.commands.remote",
+    "webhooks": "trainjobs.commands.webhooks",
     "gc": "trainjobs.commands.gc",
 }
 # The extra a command needs beyond `pip install trainjobs` (the remote commands need none).

@@ -23,7 +23,7 @@ import os
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, TypeVar
 
@@ -510,3 +510,39 @@ class Client:
         data = self._json("GET", "/v1/datasets")
         items: JsonList = data.get("items", data) if isinstance(data, Mapping) else data
         return items
+
+    def usage(
+        self, *, start: str | None = None, end: str | None = None, group_by: str = "day", owner: str | None = None
+    ) -> JsonObject:
+        """``GET /v1/usage``: device-hours, cost and final statuses of the jobs that finished in
+        ``[start, end)`` (ISO 8601; default: this UTC month), grouped by ``owner``, ``queue`` or ``day``."""
+        params = {"from": start, "to": end, "group_by": group_by, "owner": owner}
+        result: JsonObject = self._json("GET", "/v1/usage", params={k: v for k, v in params.items() if v is not None})
+        return result
+
+    # webhooks
+    def create_webhook(self, url: str, events: Sequence[str], description: str = "") -> JsonObject:
+        """``POST /v1/webhooks``: the answer holds the signing secret (``whsec_...``), shown this once."""
+        body = {"url": url, "events": list(events), "description": description}
+        result: JsonObject = self._json("POST", "/v1/webhooks", json=body)
+        return result
+
+    def webhooks(self) -> JsonList:
+        items: JsonList = self._json("GET", "/v1/webhooks")["items"]
+        return items
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self._request("DELETE", f"/v1/webhooks/{webhook_id}")
+
+    def rotate_webhook_secret(self, webhook_id: str) -> JsonObject:
+        result: JsonObject = self._json("POST", f"/v1/webhooks/{webhook_id}/rotate-secret")
+        return result
+
+    def webhook_deliveries(self, webhook_id: str, limit: int = 50) -> JsonList:
+        """The webhook's newest deliveries, newest first, each with its attempts."""
+        items: JsonList = self._json("GET", f"/v1/webhooks/{webhook_id}/deliveries", params={"limit": limit})["items"]
+        return items
+
+    def redeliver(self, webhook_id: str, delivery_id: str) -> JsonObject:
+        result: JsonObject = self._json("POST", f"/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver")
+        return result

@@ -27,11 +27,12 @@ from service_core.db.base import as_utc
 from service_core.db.jobstore import FencedOut, add_events, fence
 from service_core.db.models import Job, JobEvent, MetricPoint
 from trainer_core.events import Event
+from trainer_core.trackers import parse_links
 from worker.lease import fenced_out
 
 SessionFactory = Callable[[], AbstractContextManager[Session]]
 
-STORED_KINDS = ("progress", "metric", "eval", "memory", "log", "checkpoint")
+STORED_KINDS = ("progress", "metric", "eval", "memory", "log", "checkpoint", "trackers")
 PROGRESS_ROWS_PER_SECOND = 5.0
 
 
@@ -228,6 +229,8 @@ class EventIngestor:
             elif kind == "memory":
                 self.measured_memory = dict(event.get("values") or {})
                 fields["measured_memory"] = self.measured_memory
+            elif kind == "trackers":  # where the run's W&B / MLflow runs are (trainer_core/trackers.py)
+                fields["tracker_links"] = parse_links(event.get("links"))
         session.add_all(points)
         if fields:
             self._update_job(session, fields)

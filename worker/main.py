@@ -6,7 +6,8 @@ Slots get the settings through the environment, so a slot sees exactly what ``ru
 Slots run in their own sessions: a Ctrl-C reaches only this process, which then asks every slot for a
 warm shutdown (their running jobs checkpoint and go back to the queue) and waits for them.
 Meanwhile this process writes the worker's heartbeat row and sweeps (worker/sweeper.py): jobs of lost
-workers go back to the queue, lost queue messages are sent again.
+workers go back to the queue, lost queue messages are sent again; and a thread of it sends webhook
+deliveries (worker/webhook_sender.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from worker.celery_app import declare_queues
 from worker.paths import host_name
 from worker.processes import on_stop_signals, spawn_child, stop_processes
 from worker.sweeper import Sweeper, sweep
+from worker.webhook_sender import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,7 @@ def run_worker(
     procs = start_slots(queues, gpus, settings, loglevel)
     sweeper = Sweeper(settings, queues, f"{host_name()}-{os.getpid()}")
     sweeper.slot_pids = [p.pid for p in procs]
+    sender = WebhookSender(settings, f"{host_name()}-{os.getpid()}").start()
     try:
         while not stopping and all(p.poll() is None for p in procs):
             sweeper.tick(time.monotonic())
@@ -136,6 +139,7 @@ def run_worker(
     finally:
         # Running jobs get the cancel grace period to checkpoint, plus time to write it down.
         stop_slots(procs, settings.cancel_grace_seconds + 30)
+        sender.stop()
         sweeper.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -37,7 +37,7 @@ from worker.forkserver import RunProcess, start_run
 from worker.ingest import EventIngestor, SessionFactory
 from worker.outcome import RunOutcome, classify_exit, stderr_tail
 from worker.paths import RunPaths
-from worker.run_env import run_environment
+from worker.run_env import run_environment, spec_trackers
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,9 @@ class RunWatch:
         paths.stop_file.unlink(missing_ok=True)
         with paths.log_file.open("ab") as log_handle:
             self.log_start = log_handle.tell()
-            # No service secrets in a run's environment (worker/run_env.py).
-            proc = start_run(train_args(paths, resume=resume), run_environment(os.environ), log_handle)
+            # No service secrets in a run's environment, a tracker's key only for its runs (worker/run_env.py).
+            env = run_environment(os.environ, spec_trackers(paths.spec_file))
+            proc = start_run(train_args(paths, resume=resume), env, log_handle)
         paths.pid_file.write_text(str(proc.pid), encoding="utf-8")
         assert proc.stdout is not None
         threading.Thread(target=_read_lines, args=(proc.stdout, self.lines), daemon=True).start()

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, SessionFactoryDep, SettingsDep
-from api.estimation import estimate, plan, time_estimate
+from api.estimation import estimate, plan, time_estimate, with_cost
 from api.paths import check_spec_locations, readable_here
 from api.problems import Problem
 from api.schemas.common import problem_responses
@@ -35,7 +35,10 @@ def estimate_response(
     answer = {**result.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}
     if body.train_rows is not None and sessions is not None:
         queue = body.queue or settings.default_queue
-        answer["time"] = time_estimate(body.spec, queue, body.train_rows, body.eval_rows, settings, sessions)
+        answer["time"] = with_cost(
+            time_estimate(body.spec, queue, body.train_rows, body.eval_rows, settings, sessions), body.spec, queue,
+            settings,
+        )
     return EstimateResponse(estimate=answer, plan=advice)
 
 

@@ -46,9 +46,11 @@ HEARTBEAT_S = 15.0
 BATCH = 500
 TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 # What an event row's kind can be: the run's own (trainer_core/events.py; ``checkpoint`` once the
-# checkpoint is complete, in the object store when that holds them), the status moves, and the worker's
-# out-of-memory retry records.
-StoredKind = Literal["status", "retry", "progress", "metric", "eval", "memory", "log", "checkpoint", "done"]
+# checkpoint is complete, in the object store when that holds them; ``trackers``: the W&B / MLflow runs),
+# the status moves, and the worker's out-of-memory retry records.
+StoredKind = Literal[
+    "status", "retry", "progress", "metric", "eval", "memory", "log", "checkpoint", "trackers", "done"
+]
 
 
 def format_event(row: JobEvent) -> str:

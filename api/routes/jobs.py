@@ -24,7 +24,7 @@ from api.deps import (
     SettingsDep,
     owned_dataset,
 )
-from api.estimation import budget_for, estimate_for_submit, plan, time_estimate
+from api.estimation import budget_for, check_monthly_budget, estimate_for_submit, plan, time_estimate, with_cost
 from api.idempotency import Idempotency, IdempotencyKeyHeader, KeyTaken, exit_if_asked, fingerprint
 from api.paths import check_spec_locations, readable_here, resolve_uploaded_dataset, store_root
 from api.preflight import run_preflight
@@ -40,7 +40,8 @@ from service_core.db.models import Job, JobEvent
 from service_core.keys import Caller
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
-from trainer_core.spec import JobSpec, SpecError, untrainable_errors
+from trainer_core.spec import FieldError, JobSpec, SpecError, untrainable_errors
+from trainer_core.spec_integrations import tracking_uri_problem
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
@@ -99,6 +100,10 @@ def checked_spec(
     untrainable = untrainable_errors(spec, cuda=True)  # the worker's device is checked by the run
     if untrainable:  # estimates take these specs; the worker cannot run them yet
         raise SpecError(untrainable)
+    mlflow = spec.integrations.mlflow if spec.integrations else None
+    uri = mlflow.tracking_uri if mlflow else None  # the run connects there, from the worker
+    if uri is not None and (problem := tracking_uri_problem(uri, allow_private=settings.allow_private_targets)):
+        raise SpecError([FieldError("integrations.mlflow.tracking_uri", problem)])
     spec = runtime_limited(spec, settings.max_job_hours)
     queue = body.queue or settings.default_queue
     dataset_id = None
@@ -114,7 +119,8 @@ def checked_spec(
     estimate = estimate_for_submit(here, queue, settings)
     if estimate is not None:  # the time part needs the model the memory estimate sized, and the rows
         rows = report.get("train_rows"), report.get("eval_rows") or 0
-        estimate["time"] = time_estimate(here, queue, *rows, settings, sessions)
+        estimate["time"] = with_cost(time_estimate(here, queue, *rows, settings, sessions), spec, queue, settings)
+    check_monthly_budget(caller.owner, estimate, spec, settings, sessions)
     return spec, queue, dataset_id, estimate, report
 
 
@@ -161,6 +167,7 @@ def create_job(
         "owner": caller.owner, "name": spec.name, "queue": queue, "priority": body.priority,
         "spec": spec.model_dump(mode="json", exclude_unset=True), "estimate": estimate, "dataset_id": dataset_id,
         "created_at": now, "enqueued_at": now, "reads_all_uploads": caller.is_admin,
+        "devices": spec.resources.num_processes, "price_per_device_hour": settings.queue_prices.get(queue),
     }  # fmt: skip
     try:
         job = store_job(engine, settings, values, keyed, request)

@@ -12,6 +12,7 @@ from api.schemas.examples import EXAMPLE_JOB_CREATE
 from api.spec_limits import check_document
 from service_core.db.models import Job
 from service_core.status import ErrorReason, JobStatus, reason_or_internal
+from service_core.usage import charged_seconds, cost_of, device_hours, predicted_device_hours
 from trainer_core.spec import JobSpec
 
 # The worker's scale (service_core.queue.MIN_PRIORITY..MAX_PRIORITY; a test pins them equal).
@@ -84,6 +85,18 @@ class TimeComparison(BaseModel):
     measured_s: float | None = Field(default=None, description="What the run measured (its last session), once done.")
 
 
+class JobUsage(BaseModel):
+    """What the job is charged so far beside what was predicted (service_core/usage.py)."""
+
+    devices: int = Field(description="Devices each attempt holds (resources.num_processes).")
+    run_seconds: float = Field(description="Seconds in `running` over every attempt, the current one included.")
+    device_hours: float = Field(description="run_seconds × devices / 3600: what the job is charged.")
+    price_per_device_hour: float | None = Field(description="The queue's price when the job was submitted.")
+    cost: float | None = Field(description="device_hours × price; null for a queue without a price.")
+    predicted_device_hours: float | None = Field(description="The time estimate's seconds × devices / 3600.")
+    predicted_cost: float | None = None
+
+
 class JobLinks(BaseModel):
     self: str
     events: str
@@ -107,6 +120,7 @@ class JobSummary(BaseModel):
     final_metrics: dict[str, Any] | None
     memory: MemoryComparison
     time: TimeComparison | None = Field(default=None, description="Predicted training time beside the measured.")
+    usage: JobUsage | None = Field(default=None, description="Device-hours and cost charged, beside the predicted.")
     error: JobError | None
     waiting: str | None = Field(
         default=None,
@@ -130,14 +144,27 @@ class JobSummary(BaseModel):
         return cls(**summary_fields(job))
 
 
+class TrackerLink(BaseModel):
+    """Where a job's run is in W&B or MLflow, as its run reported it (trainer_core/trackers.py)."""
+
+    url: str | None = Field(description="The run's page; None for an offline W&B run or a local MLflow store.")
+    run_id: str
+    experiment_id: str | None = Field(default=None, description="MLflow only.")
+    dir: str | None = Field(default=None, description="W&B only: the run's files on the worker (`wandb sync` them).")
+
+
 class JobOut(JobSummary):
     """One job, with the spec it runs (as stored: locations resolved)."""
 
     spec: dict[str, Any]
+    tracker_links: dict[str, TrackerLink] | None = Field(
+        default=None, description="The W&B / MLflow runs of `training.report_to`, by tracker, once the run started."
+    )
 
     @classmethod
     def from_job(cls, job: Job) -> Self:
-        return cls(**summary_fields(job), spec=job.spec)
+        links = {name: TrackerLink.model_validate(link) for name, link in (job.tracker_links or {}).items()}
+        return cls(**summary_fields(job), spec=job.spec, tracker_links=links or None)
 
 
 def summary_fields(job: Job) -> dict[str, Any]:
@@ -169,6 +196,7 @@ def summary_fields(job: Job) -> dict[str, Any]:
         final_metrics=job.final_metrics,
         memory=MemoryComparison(estimated=estimated, measured=job.measured_memory),
         time=time_comparison(job),
+        usage=job_usage(job),
         error=error,
         waiting=job.waiting_reason if job.status == JobStatus.queued.value else None,
         attempts=job.attempts,
@@ -264,3 +292,17 @@ def time_comparison(job: Job) -> TimeComparison | None:
         calibrated=predicted.get("calibration", {}).get("calibrated"),
         measured_s=float(measured) if measured is not None else None,
     )
+
+
+def job_usage(job: Job) -> JobUsage:
+    """The charge so far (the running attempt up to now) beside the prediction stored at submit."""
+    devices = job.devices or 1
+    seconds = charged_seconds(job)
+    hours = device_hours(seconds, devices)
+    predicted = predicted_device_hours(job.estimate, devices)
+    price = job.price_per_device_hour
+    return JobUsage(
+        devices=devices, run_seconds=seconds, device_hours=hours, price_per_device_hour=price,
+        cost=cost_of(hours, price), predicted_device_hours=predicted,
+        predicted_cost=None if predicted is None else cost_of(predicted, price),
+    )  # fmt: skip

@@ -18,12 +18,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Table, insert, select, update
 from sqlalchemy.orm import Session
 
-from service_core.db.base import utcnow
+from service_core.db.base import as_utc, utcnow
 from service_core.db.event_notify import notify_new_events
 from service_core.db.models import Job, JobEvent
 from service_core.db.session import allocate_seqs
 from service_core.db.totals import count_finish
 from service_core.status import ErrorReason, JobStatus, can_transition
+from service_core.webhooks import CHECKPOINT_CREATED, owner_wants, record_job_event, status_event_type
+
+QUEUED_EVENT = status_event_type(JobStatus.queued, None)
 
 
 class FencedOut(Exception):
@@ -64,7 +67,17 @@ def insert_job(conn: Connection, **values: Any) -> Job:
             row[column.key] = default.arg  # type: ignore[attr-defined]
         else:
             raise TypeError(f"jobs.{column.key}: a SQL-side default cannot be computed in Python")
-    conn.execute(insert(table), row)
+    if not owner_wants(conn, row["owner"], QUEUED_EVENT):
+        conn.execute(insert(table), row)
+    elif conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        # The job and its webhook deliveries commit together: a transaction of their own, only for
+        # owners with a webhook that wants the event (everyone else keeps the one-statement submit).
+        with conn.engine.begin() as tx:
+            tx.execute(insert(table), row)
+            record_job_event(tx, row["id"], QUEUED_EVENT, 0, at=row["created_at"])
+    else:
+        conn.execute(insert(table), row)
+        record_job_event(conn, row["id"], QUEUED_EVENT, 0, at=row["created_at"])
     return Job(**row)
 
 
@@ -90,6 +103,9 @@ def add_events(
         JobEvent(job_id=job_id, seq=first + i, kind=kind, data=data, time=time or utcnow())
         for i, (kind, data, time) in enumerate(events)
     )
+    for i, (kind, data, time) in enumerate(events):
+        if kind == "checkpoint":  # a complete checkpoint, announced once (worker/checkpoint_sync.py)
+            record_job_event(session, job_id, CHECKPOINT_CREATED, first + i, extra={"checkpoint": data}, at=time)
     notify_new_events(session, job_id)
     return first + len(events) - 1
 
@@ -114,7 +130,7 @@ def transition(
     ``attempt`` is a worker's fencing token: the move happens only while the job's ``attempts`` is
     still that number. ``conditions`` are further WHERE clauses the row must meet at the UPDATE.
     """
-    row = session.execute(select(Job.status, Job.attempts).where(Job.id == job_id)).one_or_none()
+    row = session.execute(select(Job.status, Job.attempts, Job.started_at).where(Job.id == job_id)).one_or_none()
     if row is None:
         return False
     current_status = JobStatus(row.status)
@@ -128,6 +144,10 @@ def transition(
     values: dict[str, Any] = {"status": new.value, "updated_at": now, **fields}
     if new == JobStatus.running:
         values.setdefault("started_at", now)
+    elif current_status == JobStatus.running and row.started_at is not None:
+        # An attempt ends (requeued or finished): its time is charged (service_core/usage.py). The
+        # compare-and-set below keeps two movers from both adding it.
+        values["run_seconds"] = Job.run_seconds + max(0.0, (now - as_utc(row.started_at)).total_seconds())
     else:
         values.setdefault("lease_expires_at", None)  # only a running attempt holds a lease
     if new.terminal:
@@ -148,7 +168,9 @@ def transition(
         data["reason"] = reason.value
     if message is not None:
         data["message"] = message
-    add_events(session, job_id, [("status", data, now)])
+    seq = add_events(session, job_id, [("status", data, now)])
+    # The status event's reason and message: a requeue has them on its event only, not on the row.
+    record_job_event(session, job_id, status_event_type(new, current_status), seq, extra=data, at=now)
     if new.terminal:
         # Last, so the shared totals rows stay locked for as short a time as the transaction allows.
         count_finish(session, new, moved.started_at, now)

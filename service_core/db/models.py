@@ -110,6 +110,11 @@ class Job(Base):
     # Submitted with an admin key: its run may read every owner's uploads, as the submit's check let it
     # (the run checks its paths again: trainer_core/path_guard.py). Otherwise only its owner's.
     reads_all_uploads: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Usage (service_core/usage.py): seconds spent running, over every attempt (started_at is the last
+    # attempt's start); the devices each attempt holds; the queue's price when the job was submitted.
+    run_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    devices: Mapped[int] = mapped_column(Integer, default=1)
+    price_per_device_hour: Mapped[float | None] = mapped_column(Float, default=None)
     # Where the run's trackers show it ({"wandb": url, "mlflow": url}), as the run reported them.
     tracker_links: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 

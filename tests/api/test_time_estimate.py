@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from api import estimation
 from api.main import create_app
 from service_core.db.models import Job
 from service_core.settings import Settings
@@ -40,8 +41,10 @@ def test_a_dry_run_counts_the_work_and_says_it_cannot_time_it_without_device_or_
     assert (counted["steps"], counted["train_samples"], counted["eval_samples"]) == (4, 16, 0)
     assert counted["train_flops"] == 16 * counted["flops_per_train_sample"] > 0
     assert counted["seconds"] is None and "TRAINJOBS_QUEUE_DEVICES" in counted["note"]
-    assert counted["calibration"] == {"jobs": 0, "calibrated": False, "efficiency": None,
-                                      "spread": pytest.approx(counted["calibration"]["spread"])}  # fmt: skip
+    spread = pytest.approx(counted["calibration"]["spread"])
+    assert counted["calibration"] == {"jobs": 0, "calibrated": False, "efficiency": None, "overhead_s_per_step": 0.0,
+                                      "scope": "queue", "spread": spread}  # fmt: skip
+    assert counted["family"] == "bert"
 
 
 def test_with_a_device_and_no_history_the_prior_times_it_and_says_so(on_a100: Settings, keys: Keys) -> None:
@@ -122,3 +125,48 @@ def test_the_estimate_endpoint_times_a_spec_given_its_rows(on_a100: Settings, ke
                                   headers=keys.auth(keys.alice))  # fmt: skip
             assert refused.status_code == 422 and refused.headers["content-type"] == "application/problem+json"
             assert [e["field"] for e in refused.json()["errors"]] == [field], refused.text
+
+
+def test_the_queues_jobs_with_steps_give_a_per_step_overhead(on_a100: Settings, keys: Keys) -> None:
+    app = create_app(on_a100)
+    overhead, efficiency = 0.05, 0.1
+    with app.state.sessionmaker() as db:
+        for steps, flops_per_step in ((100, 1e13), (400, 4e14), (50, 2e15), (200, 5e13)):
+            flops = steps * flops_per_step
+            counted = {"train_flops": flops, "eval_flops": 0.0, "train_samples": 100, "steps": steps}
+            seconds = steps * overhead + flops / (PEAK * efficiency)
+            add_job(db, "bob", JobStatus.succeeded, estimate={"time": counted},
+                    final_metrics={"train_samples": 100, "train_runtime_s": seconds})  # fmt: skip
+    with TestClient(app) as client:
+        counted = dry_run_time(client, keys)
+    calibration = counted["calibration"]
+    assert calibration["overhead_s_per_step"] == pytest.approx(overhead, rel=1e-6)
+    assert calibration["efficiency"] == pytest.approx(efficiency, rel=1e-6)
+    work = counted["train_flops"] + counted["eval_flops"]
+    assert counted["seconds"] == pytest.approx(counted["steps"] * overhead + work / (PEAK * efficiency))
+    assert counted["train_seconds"] == pytest.approx(counted["seconds"])  # no eval split
+
+
+def test_a_model_family_with_enough_jobs_is_timed_by_its_own(on_a100: Settings, keys: Keys) -> None:
+    app = create_app(on_a100)
+    with app.state.sessionmaker() as db:
+        for family, efficiency, n in (("bert", 0.05, 3), ("llama", 0.2, 4)):
+            for i in range(n):
+                flops = 1e16 * (i + 1)
+                counted = {"train_flops": flops, "eval_flops": 0.0, "train_samples": 100, "family": family}
+                final = {"train_samples": 100, "train_runtime_s": flops / (PEAK * efficiency)}
+                add_job(db, "bob", JobStatus.succeeded, estimate={"time": counted}, final_metrics=final)
+    with TestClient(app) as client:
+        bert = dry_run_time(client, keys)  # make_spec is a BERT
+    assert bert["calibration"]["scope"] == "model family bert" and bert["calibration"]["jobs"] == 3
+    assert bert["calibration"]["efficiency"] == pytest.approx(0.05)
+    with app.state.sessionmaker() as db:  # the BERT history gone: the queue's seven jobs, mostly Llama
+        for job in db.query(Job).filter(Job.status == JobStatus.succeeded.value).all():
+            if job.estimate["time"]["family"] == "bert":
+                job.estimate = {"time": {**job.estimate["time"], "family": "gpt2"}}
+        db.commit()
+    estimation._history.clear()  # each API process reads a queue's history at most once a minute
+    with TestClient(create_app(on_a100)) as client:
+        queued = dry_run_time(client, keys)
+    assert queued["calibration"]["scope"] == "queue" and queued["calibration"]["jobs"] == 7
+    assert queued["calibration"]["efficiency"] == pytest.approx(0.2)  # the median of 3 x 0.05 and 4 x 0.2

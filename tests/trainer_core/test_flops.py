@@ -72,6 +72,16 @@ def test_llama_causal_lm_full_fine_tune() -> None:
     assert flops_of(spec_of("causal-lm", LLAMA)) == (forward, 3 * forward)
 
 
+def test_packing_attends_over_the_whole_flattened_batch() -> None:
+    # Packing flattens B=4 packed rows into one sequence of 64: each position's scores span 64 keys.
+    layers, head, _ = llama_base()
+    attention = 4 * S * (4 * S) * 64 * 2
+    forward = 2 * layers + 2 * head + attention
+    packed = spec_of("causal-lm", LLAMA, preprocessing={"max_length": S, "packing": True},
+                     training={"per_device_train_batch_size": 4})  # fmt: skip
+    assert flops_of(packed) == (forward, 3 * forward)
+
+
 def test_llama_lora_counts_input_gradients_through_the_frozen_base_and_the_branches() -> None:
     layers, head, attention = llama_base()
     # r 8 on every all-linear module (not the LM head): 6 * r * (in + out) a token.

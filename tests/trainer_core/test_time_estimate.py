@@ -77,3 +77,41 @@ def test_the_range_covers_at_least_80_percent_of_new_jobs_without_being_vague() 
         p = predict_seconds(job.flops, PEAK, fit)
         inside += p.low <= job.seconds <= p.high
     assert 0.8 <= inside / len(new) < 0.97, inside  # the pooled prior errs wide, a little
+
+
+def stepped_history(n: int, overhead: float, efficiency: float, scatter: float, seed: int = 0) -> list[Observation]:
+    """``n`` jobs of 50-500 steps and 1e12-1e15 FLOPs a step: ``steps x overhead + FLOPs / rate``."""
+    rng = random.Random(seed)
+    jobs = []
+    for _ in range(n):
+        steps = rng.randint(50, 500)
+        flops = steps * 10 ** rng.uniform(12, 15)
+        seconds = (steps * overhead + flops / (PEAK * efficiency)) * math.exp(rng.gauss(0, scatter))
+        jobs.append(Observation(flops, seconds, steps=steps))
+    return jobs
+
+
+def test_a_per_step_overhead_and_the_rate_are_told_apart() -> None:
+    jobs = stepped_history(12, overhead=0.02, efficiency=0.3, scatter=0.02)
+    fit = calibrate(jobs, PEAK)
+    assert fit.overhead_s == pytest.approx(0.02, rel=0.1) and fit.efficiency == pytest.approx(0.3, rel=0.1)
+    # A small model, where the overhead is most of the time: the one-term fit would be far off.
+    steps, flops = 300, 300 * 1e12
+    truth = steps * 0.02 + flops / (PEAK * 0.3)
+    assert predict_seconds(flops, PEAK, fit, steps=steps).seconds == pytest.approx(truth, rel=0.05)
+    one_term = calibrate([Observation(o.flops, o.seconds) for o in jobs], PEAK)  # steps unknown
+    assert one_term.overhead_s == 0.0
+    assert abs(predict_seconds(flops, PEAK, one_term).seconds / truth - 1) > 0.3
+    # One stalled job (10x slower) moves neither term much.
+    stalled = Observation(jobs[0].flops, jobs[0].seconds * 10, steps=jobs[0].steps)
+    refit = calibrate([*jobs, stalled], PEAK)
+    assert refit.overhead_s == pytest.approx(0.02, rel=0.15) and refit.efficiency == pytest.approx(0.3, rel=0.15)
+
+
+def test_jobs_of_one_work_per_step_keep_the_one_term_fit() -> None:
+    # Steps and FLOPs move together: an overhead could not be told from a slower rate.
+    jobs = [Observation(steps * 1e13, steps * (0.01 + 1e13 / (PEAK * 0.2)), steps=steps) for steps in (40, 90, 300)]
+    fit = calibrate(jobs, PEAK)
+    assert fit.calibrated and fit.overhead_s == 0.0
+    truth = 120 * (0.01 + 1e13 / (PEAK * 0.2))
+    assert predict_seconds(120 * 1e13, PEAK, fit, steps=120).seconds == pytest.approx(truth)

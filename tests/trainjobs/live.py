@@ -45,6 +45,7 @@ class LiveService:
             "TRAINJOBS_HOME": str(home),
             "TRAINJOBS_API_KEY": key,
             "TRAINJOBS_CANCEL_GRACE_SECONDS": "5",
+            "TRAINJOBS_QUEUE_PRICES": '{"default": 1.5}',
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
         }

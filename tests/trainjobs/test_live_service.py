@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,19 @@ def test_submit_follow_runs_to_success(service: LiveService, sentiment_files: di
     assert job_id in service.cli("jobs", "list", "--status", "succeeded").stdout
     assert job_id in service.cli("jobs", "list", "--owner", "admin").stdout  # the bootstrap key's owner
     assert job_id not in service.cli("jobs", "list", "--owner", "nobody").stdout
+    # Charged: its one attempt, at the queue's price (TRAINJOBS_QUEUE_PRICES); `usage` over the instant it
+    # finished holds this job alone.
+    charged = shown["usage"]
+    attempt = datetime.fromisoformat(shown["finished_at"]) - datetime.fromisoformat(shown["started_at"])
+    assert charged["run_seconds"] == pytest.approx(attempt.total_seconds(), abs=1e-3) and charged["run_seconds"] > 0
+    assert charged["cost"] == pytest.approx(charged["device_hours"] * 1.5)
+    finished = datetime.fromisoformat(shown["finished_at"])
+    instant = ["--from", finished.isoformat(), "--to", (finished + timedelta(microseconds=1)).isoformat()]
+    report = json.loads(service.cli("usage", "--group-by", "queue", "--json", *instant).stdout)
+    assert [g["key"] for g in report["groups"]] == ["default"] and report["total"]["jobs"] == {"succeeded": 1}
+    assert report["total"]["device_hours"] == pytest.approx(charged["device_hours"])
+    table = service.cli("usage", "--group-by", "owner", *instant).stdout.splitlines()
+    assert table[1].split()[:2] == ["admin", f"{charged['device_hours']:.4f}"]
     logs = service.cli("jobs", "logs", job_id).stdout.splitlines()
     assert "status running" in logs[0] and "status succeeded" in logs[-1]
     assert any(" metric step=" in line and "loss=" in line for line in logs)

@@ -9,6 +9,7 @@ are copied to ``out/screenshots/`` in the repository for people to look at.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ CHROMIUM = os.environ.get("TRAINJOBS_CHROMIUM", "/usr/bin/chromium")
 KEY = "tj_ui-test-admin-key"
 SCREENSHOTS = REPO / "out" / "screenshots"
 OOM_ABOVE = 16  # micro-batch size above which the dev service's runs fail with out of memory
+PRICE = 2.5  # the dev service's default queue's price per device-hour
 
 
 @dataclass
@@ -61,7 +63,9 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevService]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "BROKER_URL", "ARTIFACTS_ROOT",
                                                                      "DATA_ROOT", "TRAINJOBS_ENV"))}  # fmt: skip
     env.update(TRAINJOBS_HOME=str(home), TRAINJOBS_API_KEY=KEY, TRAINJOBS_CANCEL_GRACE_SECONDS="5",
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")  # fmt: skip
+               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TRAINJOBS_QUEUE_PRICES=json.dumps({"default": PRICE}),
+               # Testing aid: the webhook page's receiver listens on 127.0.0.1.
+               TRAINJOBS_ALLOW_PRIVATE_TARGETS="true")  # fmt: skip
     # Testing aid (trainer_core/oom_fault.py): a micro-batch above OOM_ABOVE "runs out of memory", so a
     # job asking for more gets a real out-of-memory retry; the other tests' jobs stay at or below it.
     env[FAULT_OOM_ENV] = str(OOM_ABOVE)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from sqlalchemy import update
 
@@ -10,7 +13,7 @@ from service_core.db.session import session_scope
 from service_core.settings import Settings
 from worker.execute import run_paths
 from worker.procfs import environ
-from worker.run_env import run_env
+from worker.run_env import TRACKER_VARS, run_env, spec_trackers
 
 from .conftest import JobFactory, load_job, quick_spec
 from .test_supervisor import start_in_thread, wait_for
@@ -45,6 +48,28 @@ def test_run_env_keeps_what_training_needs_and_drops_the_rest() -> None:
         "TRAINJOBS_FAULT_CRASH_AT_STEP": "3",
         "WANDB_API_KEY": "wandb",  # named by the operator; DATABASE_URL is refused even then
     }
+
+
+TRACKER_ENV = {
+    "WANDB_API_KEY": "wandb-key", "WANDB_MODE": "offline", "WANDB_DIR": "/srv/wandb", "WANDB_BASE_URL": "https://wb",
+    "MLFLOW_TRACKING_URI": "https://mlflow.example.com", "MLFLOW_TRACKING_USERNAME": "u",
+    "MLFLOW_TRACKING_PASSWORD": "p", "MLFLOW_TRACKING_TOKEN": "t",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("trackers", [[], ["tensorboard"], ["wandb"], ["mlflow"], ["wandb", "mlflow"]])
+def test_a_tracker_key_reaches_only_runs_that_report_to_it(trackers: list[str]) -> None:
+    env = run_env({**SECRETS, **TRACKER_ENV, "PATH": "/usr/bin", "WANDB_ENTITY_SECRET": "x"}, trackers)
+    wanted = set().union(*(TRACKER_VARS[t] for t in trackers if t in TRACKER_VARS))
+    assert env == {"PATH": "/usr/bin", **{k: v for k, v in TRACKER_ENV.items() if k in wanted}}
+
+
+def test_the_trackers_come_from_the_stored_spec(tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"name": "x", "training": {"report_to": ["wandb"]}}))
+    assert spec_trackers(spec_file) == ["wandb"]
+    spec_file.write_text(json.dumps({"name": "x"}))
+    assert spec_trackers(spec_file) == []
 
 
 @pytest.mark.slow

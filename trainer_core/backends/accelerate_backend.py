@@ -26,6 +26,7 @@ from trainer_core.backends.common import (
     LENGTH_COLUMN,
     RunEvents,
     StepPlan,
+    backend_trackers,
     batches_per_epoch,
     build_scheduler,
     build_training_model,
@@ -234,8 +235,8 @@ class _Bookkeeping:
         self._report(values)
 
     def _report(self, values: dict[str, Any]) -> None:
-        """Mirror a metric or eval point to the user's trackers (``training.report_to``), if any."""
-        if self.ctx.spec.training.report_to:
+        """Mirror a metric or eval point to TensorBoard (``training.report_to``), if asked."""
+        if backend_trackers(self.ctx.spec):
             self.accelerator.log({k: v for k, v in values.items() if v is not None}, step=self.global_step)
 
     def summary(self, runtime_s: float) -> dict[str, Any]:
@@ -248,15 +249,16 @@ class _Bookkeeping:
 def train_with_accelerate(ctx: RunContext) -> BackendResult:
     """Train ``ctx.spec`` with a hand-written Accelerator loop."""
     spec, t, eff = ctx.spec, ctx.spec.training, ctx.spec.efficiency
+    trackers = backend_trackers(spec)
     accelerator = Accelerator(
         gradient_accumulation_steps=eff.gradient_accumulation_steps,
         mixed_precision=eff.mixed_precision,
         cpu=not torch.cuda.is_available(),  # without it, torchrun workers on CPU would not form a group
         # the same place Trainer's TensorBoard callback writes to: <output_dir>/runs
-        log_with=list(t.report_to) or None,
+        log_with=trackers or None,
         project_dir=str(ctx.output_dir),
     )
-    if t.report_to:
+    if trackers:
         accelerator.init_trackers("runs", config={"spec": spec.model_dump_json()})
     model = build_training_model(spec, ctx.data.labels)
     optimizer = build_optimizer(model, spec.optimizer, t.learning_rate, t.weight_decay)
@@ -311,7 +313,7 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
                 book.evaluate(float(epoch + 1))
     runtime = time.perf_counter() - started
 
-    if t.report_to:
+    if trackers:
         accelerator.end_training()
     load_best = t.load_best_model_at_end and book.events.best.step is not None
     if not cancelled:

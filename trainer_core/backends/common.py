@@ -65,6 +65,12 @@ def build_training_model(spec: JobSpec, labels: list[str]) -> nn.Module:
     return model
 
 
+def backend_trackers(spec: JobSpec) -> list[str]:
+    """The ``report_to`` trackers a backend feeds itself: TensorBoard. W&B and MLflow take the run's
+    events instead (trainer_core/trackers.py), so both backends log the very points the job streams."""
+    return [t for t in spec.training.report_to if t == "tensorboard"]
+
+
 def world_size() -> int:
     """Processes training this run: torchrun's ``WORLD_SIZE``, 1 outside torchrun."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -27,6 +27,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from trainer_core.backends.common import (
     LENGTH_COLUMN,
     RunEvents,
+    backend_trackers,
     batches_per_epoch,
     build_scheduler,
     build_training_model,
@@ -177,7 +178,7 @@ def training_arguments(ctx: RunContext) -> TrainingArguments:
         dataloader_num_workers=t.dataloader_num_workers,
         train_sampling_strategy="group_by_length" if spec.preprocessing.group_by_length else "random",
         length_column_name=LENGTH_COLUMN,
-        report_to=list(t.report_to) or "none",
+        report_to=backend_trackers(spec) or "none",  # W&B and MLflow: trainer_core/trackers.py
         # Trainer loads the best checkpoint at the end, found by the same rule as
         # trainer_core/best_checkpoint.py (which rotation keeps and each checkpoint describes).
         metric_for_best_model=t.best_metric if t.keeps_best else None,

@@ -1,4 +1,4 @@
-"""Commands that talk to a running service: ``submit``, ``jobs ...``, ``datasets ...``
+"""Commands that talk to a running service: ``submit``, ``jobs ...``, ``datasets ...``, ``usage``
 (``estimate --remote`` lives with ``estimate``, ``jobs download`` in ``download``; all share
 :mod:`trainjobs.commands.connection`).
 
@@ -130,6 +130,28 @@ def cmd_dataset_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def usage_table(report: dict[str, Any]) -> list[str]:
+    """The lines of ``usage``: one row per group, then the total (cost "-" where no job had a price)."""
+    lines = [f"{report['group_by'].upper():<24} {'DEVICE-HOURS':>13} {'COST':>12}  JOBS"]
+    for group in [*report["groups"], report["total"]]:
+        jobs = ", ".join(f"{n} {status}" for status, n in sorted(group["jobs"].items())) or "-"
+        lines.append(f"{group['key']:<24} {group['device_hours']:>13.4f} {_number(group['cost'], 12, 2)}  {jobs}")
+    return lines
+
+
+@readable_errors
+def cmd_usage(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        report = client.usage(start=args.start, end=args.end, group_by=args.group_by, owner=args.owner)
+    if args.json:
+        emit(report)
+        return 0
+    print(f"jobs that finished from {report['from']} to {report['to']}", file=sys.stderr)
+    for line in usage_table(report):
+        print(line)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     conn = connection_options()
     submit = subparsers.add_parser("submit", parents=[conn], help="submit a job spec (YAML or JSON) to the service")
@@ -174,3 +196,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     upload.set_defaults(func=cmd_dataset_upload)
     ds_list = ds_sub.add_parser("list", parents=[conn], help="your datasets")
     ds_list.set_defaults(func=cmd_dataset_list)
+
+    usage = subparsers.add_parser("usage", parents=[conn], help="device-hours and cost of finished jobs")
+    usage.add_argument("--from", dest="start", default=None, help="start, ISO 8601 (default: this UTC month)")
+    usage.add_argument("--to", dest="end", default=None, help="end, exclusive (default: now)")
+    usage.add_argument("--group-by", choices=("owner", "queue", "day"), default="day")
+    usage.add_argument("--owner", default=None, help="only this owner's jobs (another owner's: admin keys only)")
+    usage.add_argument("--json", action="store_true", help="the API's answer as JSON")
+    usage.set_defaults(func=cmd_usage)

@@ -1,11 +1,13 @@
 // The dashboard's entry: login box, navigation and a hash router (#/jobs, #/jobs/ID, #/compare/A,B,
-// #/submit, #/submit/ID). Each view gets an AbortController; changing views aborts it, which stops
-// the previous view's timers and fetches and destroys its charts.
+// #/submit, #/submit/ID, #/usage, #/webhooks). Each view gets an AbortController; changing views
+// aborts it, which stops the previous view's timers and fetches and destroys its charts.
 import { currentKey, forgetKey, onUnauthorized, request, storeKey } from "./api.js";
 import { mountCompare } from "./compare.js";
 import { mountJob } from "./job.js";
 import { mountList } from "./list.js";
 import { mountSubmit } from "./submit.js";
+import { mountUsage } from "./usage.js";
+import { mountWebhooks } from "./webhooks.js";
 import { el } from "./util.js";
 
 const main = document.getElementById("main");
@@ -48,6 +50,8 @@ async function route() {
     if (view === "jobs" && arg) await mountJob(main, arg, controller.signal);
     else if (view === "compare") await mountCompare(main, (arg || "").split(",").filter(Boolean), controller.signal);
     else if (view === "submit") await mountSubmit(main, arg, controller.signal);
+    else if (view === "usage") await mountUsage(main, controller.signal);
+    else if (view === "webhooks") await mountWebhooks(main, controller.signal);
     else await mountList(main, controller.signal);
   } catch (error) {
     if (controller.signal.aborted || error.status === 401) return;

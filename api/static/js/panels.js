@@ -1,6 +1,7 @@
-// Job page panels that do not chart: memory (estimate vs measured), spec, artifacts, logs.
+// Job page panels that do not chart: memory (estimate vs measured), time and cost, spec, artifacts, logs,
+// trackers.
 import { isFinished, readingOrder, request } from "./api.js";
-import { bytes, el, toYaml } from "./util.js";
+import { bytes, duration, el, num, toYaml } from "./util.js";
 
 const PART_COLORS = ["#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#06b6d4", "#64748b", "#ec4899"];
 // Measured values the run reports, next to the estimate's figure for the same quantity.
@@ -56,6 +57,39 @@ export function memoryPanel(job) {
     stackedBar(estimate),
     el("table.measured", {}, el("thead", {}, el("tr", {}, ...["", "estimated", "measured", "measured / estimated"]
       .map((h) => el("th", {}, h)))), el("tbody", {}, rows)));
+}
+
+/** Time and cost: the estimate's training seconds (p10–p90) beside the run's, and the device-hours and
+ * cost charged so far beside the predicted (service_core/usage.py); null when there is neither. */
+/** An amount of money: cents, whole units from 100, and significant digits below a cent (a short CPU job). */
+export function money(value) {
+  if (value == null) return "–";
+  return value >= 100 ? value.toFixed(0) : value >= 0.01 || value === 0 ? value.toFixed(2) : num(value, 2);
+}
+
+export function timeCostPanel(job) {
+  const time = job.time, usage = job.usage;
+  if (!time && !usage) return null;
+  const rows = [];
+  if (time) {
+    const range = time.p10_s != null ? ` (${duration(time.p10_s)}–${duration(time.p90_s)})` : "";
+    rows.push(["train time", time.predicted_s == null ? "not predicted" : `${duration(time.predicted_s)}${range}`,
+      time.measured_s == null ? "–" : duration(time.measured_s)]);
+  }
+  if (usage) {
+    rows.push(["device-hours", usage.predicted_device_hours == null ? "–" : num(usage.predicted_device_hours, 3),
+      num(usage.device_hours, 3)]);
+    if (usage.price_per_device_hour != null) rows.push(["cost", money(usage.predicted_cost), money(usage.cost)]);
+  }
+  const note = [time && time.calibrated === false ? "uncalibrated estimate" : null,
+    usage?.price_per_device_hour != null ? `${usage.price_per_device_hour} per device-hour × ${usage.devices} device(s)`
+      : "no price for this queue"].filter(Boolean).join(" · ");
+  return el("div.card", { dataset: { timeCost: "" } }, el("h3", {}, "Time and cost"),
+    el("table.measured", {}, el("thead", {}, el("tr", {}, ["", "predicted", job.finished_at ? "actual" : "so far"]
+      .map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map(([label, predicted, actual]) => el("tr", { dataset: { row: label } },
+      el("td", {}, label), el("td", {}, predicted), el("td", {}, actual))))),
+    el("p.muted.small", {}, note));
 }
 
 export function specPanel(job) {
@@ -121,4 +155,20 @@ export function logsPanel(jobId, getJob, signal) {
   poll();
   signal.addEventListener("abort", () => clearTimeout(timer));
   return node;
+}
+
+const TRACKER_NAMES = { wandb: "Weights & Biases", mlflow: "MLflow" };
+
+/** The job's W&B / MLflow runs (`tracker_links`): a link to each run's page, else its id. */
+export function trackersPanel(job) {
+  const links = Object.entries(job.tracker_links || {});
+  if (!links.length) return null;
+  const rows = links.map(([name, link]) => {
+    // Only http(s) pages become links (the API keeps no other); an offline W&B run has none.
+    const page = /^https?:\/\//.test(link.url || "")
+      ? el("a", { href: link.url, target: "_blank", rel: "noopener noreferrer" }, link.run_id)
+      : el("code", { title: link.dir || "" }, link.run_id);
+    return [el("dt", {}, TRACKER_NAMES[name] || name), el("dd", { dataset: { tracker: name } }, page)];
+  });
+  return el("div.card", {}, el("h3", {}, "Trackers"), el("dl.facts", {}, rows));
 }

@@ -1,0 +1,66 @@
+"""A real ``mlflow server`` for the tests: SQLite backend store, served artifacts, a free port.
+
+Started once per session (it takes seconds: tests/conftest.py's ``mlflow_server``); each test uses an
+experiment of its own. Its job runner (huey consumers, for MLflow's GenAI jobs) stays off: nothing
+here uses it, and it would start seven processes on a two-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from trainjobs.seaweedfs import free_port
+
+START_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class MlflowServer:
+    url: str  # http://127.0.0.1:<port>, the tracking URI
+    root: Path  # its database and artifacts
+
+
+@contextmanager
+def mlflow_server(root: Path) -> Iterator[MlflowServer]:
+    """``mlflow server`` on 127.0.0.1, until the context ends (its whole process group is stopped)."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    command = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+    ]  # fmt: skip
+    with (root / "server.log").open("wb") as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield MlflowServer(url=url, root=root)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn it starts
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
