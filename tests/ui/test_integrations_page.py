@@ -65,7 +65,8 @@ def test_the_webhooks_page_and_the_job_pages_tracker_link(
     assert job["status"] == "succeeded", job["error"]
     wait_seen(receiver, 1)
     (first,) = receiver.seen
-    assert first["verified"] and first["body"]["type"] == "job.succeeded" and first["body"]["data"]["job_id"] == job["id"]
+    assert first["verified"] and first["body"]["type"] == "job.succeeded"
+    assert first["body"]["data"]["job_id"] == job["id"]
 
     # The page refreshes on its own: the delivery appears, delivered, with its job.
     row = card.locator("tr[data-state=delivered]")
