@@ -14,6 +14,7 @@ class JobStatus(enum.StrEnum):
 
     queued = "queued"
     running = "running"
+    paused = "paused"  # a person paused it: it holds a checkpoint and waits for a resume, off the queue
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
@@ -24,10 +25,14 @@ class JobStatus(enum.StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-# Allowed moves; running -> queued is the one step back, for a job requeued to resume elsewhere.
+# Allowed moves; running -> queued is the one step back, for a job requeued to resume elsewhere, and
+# paused -> queued is a resume.
 ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.queued: frozenset({JobStatus.running, JobStatus.cancelled, JobStatus.failed}),
-    JobStatus.running: frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.queued}),
+    JobStatus.queued: frozenset({JobStatus.running, JobStatus.cancelled, JobStatus.failed, JobStatus.paused}),
+    JobStatus.running: frozenset(
+        {JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.queued, JobStatus.paused}
+    ),
+    JobStatus.paused: frozenset({JobStatus.queued, JobStatus.cancelled}),
     JobStatus.succeeded: frozenset(),
     JobStatus.failed: frozenset(),
     JobStatus.cancelled: frozenset(),
@@ -51,6 +56,7 @@ class ErrorReason(enum.StrEnum):
     nan_loss = "nan_loss"  # the logged loss stopped being finite (trainer_core/nan_guard.py)
     cancelled = "cancelled"  # a person cancelled it, queued or running
     shutdown_requeue = "shutdown_requeue"  # its slot shut down (its worker stopping); it went back to the queue
+    paused = "paused"  # a person paused it: its run checkpointed and stopped (the reason on the status event)
     worker_lost = "worker_lost"  # its slot, host or run process was lost: requeued while restarts last, else failed
     timeout = "timeout"  # it ran past resources.max_runtime_minutes
     internal = "internal"  # anything else: a bug or an unexpected crash (the log has the traceback)

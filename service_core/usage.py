@@ -104,14 +104,19 @@ def monthly_budget(budgets: dict[str, float], owner: str) -> float | None:
     return budgets.get(owner, budgets.get(EVERY_OWNER))
 
 
+# Statuses whose jobs will still run: their predicted hours are committed.
+UNFINISHED = (JobStatus.queued.value, JobStatus.running.value, JobStatus.paused.value)
+
+
 def committed_hours(session: Session, owner: str, now: datetime | None = None) -> float:
     """Device-hours of ``owner``'s budget this month: its jobs that finished since the month began,
-    and its unfinished jobs at their predicted device-hours (at least what they ran already)."""
+    and its unfinished jobs (paused ones too: they will run) at their predicted device-hours (at least what
+    they ran already)."""
     now = now or utcnow()
     rows = session.execute(
         select(Job.status, Job.started_at, Job.finished_at, Job.run_seconds, Job.devices, Job.estimate).where(
             Job.owner == owner,
-            (Job.finished_at >= month_start(now)) | Job.status.in_([JobStatus.queued.value, JobStatus.running.value]),
+            (Job.finished_at >= month_start(now)) | Job.status.in_(UNFINISHED),
         )
     ).all()
     hours = 0.0

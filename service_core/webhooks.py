@@ -27,11 +27,11 @@ from service_core.settings import get_settings
 from service_core.status import JobStatus
 from trainer_core.net_guard import host_problem
 
-# A job that stopped running and went back to the queue (its slot shut down, it was lost, or it is
-# retried smaller after running out of memory) is "paused": it resumes from its last checkpoint.
-JOB_PAUSED = "job.paused"
+# One event type per status (``job.paused`` included: a person paused the job), and checkpoints. A job
+# that went back to the queue (its slot shut down, it was lost, it is retried smaller) is ``job.queued``
+# again, with the reason in the payload.
 CHECKPOINT_CREATED = "checkpoint.created"
-EVENT_TYPES: tuple[str, ...] = (*(f"job.{status.value}" for status in JobStatus), JOB_PAUSED, CHECKPOINT_CREATED)
+EVENT_TYPES: tuple[str, ...] = (*(f"job.{status.value}" for status in JobStatus), CHECKPOINT_CREATED)
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
@@ -45,10 +45,8 @@ DELIVERY_STATES = (PENDING, DELIVERED, FAILED, DISABLED)
 Resolver = Callable[..., list[Any]]
 
 
-def status_event_type(new: JobStatus, previous: JobStatus | None) -> str:
-    """The webhook event of a move to ``new``: ``job.<status>``, or ``job.paused`` for running -> queued."""
-    if new == JobStatus.queued and previous == JobStatus.running:
-        return JOB_PAUSED
+def status_event_type(new: JobStatus) -> str:
+    """The webhook event of a move to ``new``."""
     return f"job.{new.value}"
 
 

@@ -247,6 +247,16 @@ class Client:
         result: dict[str, Any] = self._json("POST", f"/v1/jobs/{job_id}/cancel")
         return result
 
+    def pause(self, job_id: str) -> dict[str, Any]:
+        """Pause a job (202): a queued one at once, a running one after it checkpoints; 409 when it ended."""
+        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{job_id}/pause")
+        return result
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        """Put a paused job back on its queue (202); 409 when it is not paused."""
+        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{job_id}/resume")
+        return result
+
     def metrics(
         self, job_id: str, after: int | None = None, name: str | None = None, page_size: int = 1000
     ) -> JsonList:

@@ -167,6 +167,8 @@ def execute_attempt(
         return None
     if uploader is not None:
         store_checkpoint_events(settings, job_id, attempt, uploader.announcements(final=True))
+    if outcome.stopped_by == ErrorReason.paused and outcome.status == JobStatus.cancelled:  # stopped as asked
+        return retry_database(lambda: pause_after_stop(job_id, settings, paths, attempt), f"job {job_id}: pause")
     if outcome.stopped_by == ErrorReason.shutdown_requeue:
         requeue = lambda: requeue_after_shutdown(job_id, settings, paths, outcome, attempt)  # noqa: E731
         return retry_database(requeue, f"job {job_id}: requeue")
@@ -258,6 +260,25 @@ def requeue_after_shutdown(
     if status != JobStatus.queued.value:
         store_artifacts(job_id, settings, paths)
     return status
+
+
+def pause_after_stop(job_id: str, settings: Settings, paths: RunPaths, attempt: int | None = None) -> str:
+    """The run checkpointed and stopped for a pause: ``running -> paused``, off the queue until a resume.
+    A cancel asked meanwhile wins: the job is cancelled instead."""
+    with session_scope(settings.database_url) as session:
+        cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one()
+        if cancel:
+            new, reason, message = JobStatus.cancelled, ErrorReason.cancelled, "cancelled while pausing"
+        else:
+            resume = resume_phrase(settings, job_id, paths.output_dir)
+            new, reason, message = JobStatus.paused, ErrorReason.paused, f"paused; a resume continues {resume}"
+        moved = transition(session, job_id, new, expect=JobStatus.running, reason=reason, message=message,
+                           attempt=attempt, worker=None, pid=None, pause_requested=False)  # fmt: skip
+        current = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
+    if new == JobStatus.cancelled and moved:
+        store_artifacts(job_id, settings, paths)
+    log.info("job %s: %s (%s)", job_id, current, message)
+    return str(current)
 
 
 def store_artifacts(job_id: str, settings: Settings, paths: RunPaths) -> None:

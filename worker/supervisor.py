@@ -204,7 +204,7 @@ class RunWatch:
         self.database.succeeded(now)
 
     def check_stop(self, proc: RunProcess, now: float) -> None:
-        """A user's cancel or the slot's shutdown: ask the run to checkpoint and stop."""
+        """A user's cancel or pause, or the slot's shutdown: ask the run to checkpoint and stop."""
         reason = _stop_reason(self.session_factory, self.job_id, self.should_stop)
         if reason is not None:
             self.stop(proc, now, reason)
@@ -241,11 +241,14 @@ def _signal(proc: RunProcess, sig: signal.Signals) -> None:
 
 
 def _stop_reason(session_factory: SessionFactory, job_id: str, should_stop: Callable[[], bool]) -> ErrorReason | None:
-    """Why we are stopping the run, if we are: a user's cancel, or the slot shutting down."""
+    """Why we are stopping the run, if we are: a user's cancel (it wins over a pause), a user's pause, or
+    the slot shutting down."""
     with session_factory() as session:
-        cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
-    if cancel:
+        asked = session.execute(select(Job.cancel_requested, Job.pause_requested).where(Job.id == job_id)).first()
+    if asked is not None and asked.cancel_requested:
         return ErrorReason.cancelled
+    if asked is not None and asked.pause_requested:
+        return ErrorReason.paused
     if should_stop():
         return ErrorReason.shutdown_requeue
     return None

@@ -268,10 +268,11 @@ def get_job(job: OwnedJob, session: SessionDep) -> JobOut:
     responses=problem_responses(409),
 )
 def cancel_job(job: OwnedJob, session: SessionDep, caller: CallerDep) -> JobOut:
-    """Cancel: a queued job at once; a running one is stopped by its slot at its next step."""
+    """Cancel: a queued or paused job at once; a running one is stopped by its slot at its next step."""
     message = f"cancelled by {caller.owner}"
-    if JobStatus(job.status) == JobStatus.queued and transition(
-        session, job.id, JobStatus.cancelled, reason=ErrorReason.cancelled, message=message, expect=JobStatus.queued
+    waiting = JobStatus(job.status)
+    if waiting in (JobStatus.queued, JobStatus.paused) and transition(
+        session, job.id, JobStatus.cancelled, reason=ErrorReason.cancelled, message=message, expect=waiting
     ):
         session.commit()
     else:
@@ -280,8 +281,70 @@ def cancel_job(job: OwnedJob, session: SessionDep, caller: CallerDep) -> JobOut:
         current = JobStatus(job.status)
         if current.terminal:
             raise Problem(409, f"job {job.id} already {current.value}", job_status=current.value)
-        # Running (or just claimed): the worker watches this flag, SIGTERMs the run, then SIGKILLs.
+        if current == JobStatus.paused:  # paused by a racing pause just now: cancel it from there
+            transition(session, job.id, JobStatus.cancelled, reason=ErrorReason.cancelled, message=message,
+                       expect=JobStatus.paused)  # fmt: skip
+        # Running (or just claimed): the worker watches this flag, SIGTERMs the run, then SIGKILLs. Set in
+        # every case: a job that a racing resume just queued again is then cancelled when it is claimed.
         job.cancel_requested = True
         session.commit()
+    session.refresh(job)
+    return JobOut.from_job(job)
+
+
+@router.post(
+    "/{job_id}/pause",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=problem_responses(409),
+)
+def pause_job(job: OwnedJob, session: SessionDep, caller: CallerDep) -> JobOut:
+    """Pause: a queued job at once; a running one checkpoints at its next step, stops and frees its slot,
+    then becomes ``paused``. A paused job waits for ``resume``, off the queue and outside the quotas."""
+    message = f"paused by {caller.owner}"
+    if JobStatus(job.status) == JobStatus.queued and transition(
+        session, job.id, JobStatus.paused, reason=ErrorReason.paused, message=message, expect=JobStatus.queued,
+        enqueued_at=None, waiting_reason=None, pause_requested=False,
+    ):  # fmt: skip
+        session.commit()
+    else:
+        session.rollback()
+        session.refresh(job)
+        current = JobStatus(job.status)
+        if current.terminal or job.cancel_requested:
+            state = "being cancelled" if not current.terminal else current.value
+            raise Problem(409, f"job {job.id} is {state}: it cannot be paused", job_status=current.value)
+        if current == JobStatus.running:  # its slot watches the flag (worker/supervisor.py)
+            job.pause_requested = True
+            session.commit()
+    session.refresh(job)
+    return JobOut.from_job(job)
+
+
+@router.post(
+    "/{job_id}/resume",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=problem_responses(409, 429),
+)
+def resume_job(
+    job: OwnedJob, session: SessionDep, caller: CallerDep, settings: SettingsDep, enqueue: EnqueueDep
+) -> JobOut:
+    """Resume a paused job: back on its queue, to continue from the checkpoint its pause took (the same
+    step, schedule and data position). Counts against the queued-jobs quota like a submit."""
+    if JobStatus(job.status) != JobStatus.paused:
+        raise Problem(409, f"job {job.id} is {job.status}, not paused", job_status=job.status)
+    check_queued_quota(session.connection(), job.owner, settings.max_queued_per_owner)
+    now = utcnow()
+    if not transition(session, job.id, JobStatus.queued, expect=JobStatus.paused, message=f"resumed by {caller.owner}",
+                      enqueued_at=now, pause_requested=False):  # fmt: skip
+        session.rollback()
+        session.refresh(job)
+        raise Problem(409, f"job {job.id} is {job.status}, not paused", job_status=job.status)
+    session.commit()
+    try:
+        enqueue(job.id, job.queue, job.priority, settings)
+    except Exception:  # queued and stamped: the sweep sends lost messages again (worker/sweeper.py)
+        logger.exception("enqueue of resumed job %s failed; the sweep will send it", job.id)
     session.refresh(job)
     return JobOut.from_job(job)

@@ -45,7 +45,7 @@ from service_core.status import TERMINAL_STATUSES, JobStatus
 router = APIRouter(tags=["observability"])
 _METRICS_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="trainjobs-metrics"'}
 
-LIVE_STATUSES = (JobStatus.queued.value, JobStatus.running.value)
+LIVE_STATUSES = (JobStatus.queued.value, JobStatus.running.value, JobStatus.paused.value)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -127,7 +127,7 @@ class JobsCollector(Collector):
             self.live[status] += count
             if status == JobStatus.queued.value:
                 self.queue_depth[queue] = self.queue_depth.get(queue, 0) + count
-            else:
+            elif status == JobStatus.running.value:
                 key = host or "unknown"
                 self.busy[key] = self.busy.get(key, 0) + count
         self.totals = read_totals(session)

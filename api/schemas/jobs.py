@@ -133,6 +133,9 @@ class JobSummary(BaseModel):
         description="Attempts that ran out of device memory (job detail only): step, micro-batch, changes made.",
     )
     cancel_requested: bool
+    pause_requested: bool = Field(
+        default=False, description="A pause of the running job is under way: it checkpoints, then becomes `paused`."
+    )
     created_at: UtcDatetime
     started_at: UtcDatetime | None
     finished_at: UtcDatetime | None
@@ -201,6 +204,7 @@ def summary_fields(job: Job) -> dict[str, Any]:
         waiting=job.waiting_reason if job.status == JobStatus.queued.value else None,
         attempts=job.attempts,
         cancel_requested=job.cancel_requested,
+        pause_requested=job.pause_requested,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

@@ -26,7 +26,7 @@ from service_core.db.totals import count_finish
 from service_core.status import ErrorReason, JobStatus, can_transition
 from service_core.webhooks import CHECKPOINT_CREATED, owner_wants, record_job_event, status_event_type
 
-QUEUED_EVENT = status_event_type(JobStatus.queued, None)
+QUEUED_EVENT = status_event_type(JobStatus.queued)
 
 
 class FencedOut(Exception):
@@ -144,12 +144,12 @@ def transition(
     values: dict[str, Any] = {"status": new.value, "updated_at": now, **fields}
     if new == JobStatus.running:
         values.setdefault("started_at", now)
-    elif current_status == JobStatus.running and row.started_at is not None:
-        # An attempt ends (requeued or finished): its time is charged (service_core/usage.py). The
-        # compare-and-set below keeps two movers from both adding it.
-        values["run_seconds"] = Job.run_seconds + max(0.0, (now - as_utc(row.started_at)).total_seconds())
     else:
         values.setdefault("lease_expires_at", None)  # only a running attempt holds a lease
+    if current_status == JobStatus.running and row.started_at is not None:
+        # An attempt ends (requeued, paused or finished): its time is charged (service_core/usage.py).
+        # The compare-and-set below keeps two movers from both adding it.
+        values["run_seconds"] = Job.run_seconds + max(0.0, (now - as_utc(row.started_at)).total_seconds())
     if new.terminal:
         values["finished_at"] = now
         if reason is not None:
@@ -170,7 +170,7 @@ def transition(
         data["message"] = message
     seq = add_events(session, job_id, [("status", data, now)])
     # The status event's reason and message: a requeue has them on its event only, not on the row.
-    record_job_event(session, job_id, status_event_type(new, current_status), seq, extra=data, at=now)
+    record_job_event(session, job_id, status_event_type(new), seq, extra=data, at=now)
     if new.terminal:
         # Last, so the shared totals rows stay locked for as short a time as the transaction allows.
         count_finish(session, new, moved.started_at, now)

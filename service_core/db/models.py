@@ -95,6 +95,9 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text, default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # POST /v1/jobs/{id}/pause on a running job: its slot asks the run to checkpoint and stop, then moves
+    # the job to `paused` (worker/execute.py); cleared by that move. A cancel wins over it.
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     worker: Mapped[str | None] = mapped_column(String(256), default=None)
     pid: Mapped[int | None] = mapped_column(Integer, default=None)
     # Last event sequence number handed out for this job (events and metric points share it).

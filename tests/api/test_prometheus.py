@@ -126,6 +126,7 @@ def test_gauges_are_live_jobs_and_counters_count_every_finish(client: TestClient
     assert {labels for name, labels in values if name == "trainjobs_jobs"} == {
         (("status", "queued"),),
         (("status", "running"),),
+        (("status", "paused"),),
     }
     assert all(finished(values, s) == 0 for s in ("succeeded", "failed", "cancelled"))
 
@@ -137,10 +138,13 @@ def test_gauges_are_live_jobs_and_counters_count_every_finish(client: TestClient
     assert transition(session, second, JobStatus.running)
     assert transition(session, second, JobStatus.succeeded, started_at=utcnow() - timedelta(seconds=20))
     assert transition(session, third, JobStatus.running)
+    paused = add_job(session, "alice")
+    assert transition(session, paused.id, JobStatus.paused)  # a paused job holds no slot
     session.commit()
     assert not transition(session, second, JobStatus.failed)  # terminal is final: counted once
     values = scrape(client)
-    assert jobs(values, "queued") == 0 and jobs(values, "running") == 1
+    assert jobs(values, "queued") == 0 and jobs(values, "running") == 1 and jobs(values, "paused") == 1
+    assert sum(v for (name, _), v in values.items() if name == "trainjobs_worker_slots_busy") == 1
     assert finished(values, "cancelled") == 1 and finished(values, "succeeded") == 1
     assert values[("trainjobs_job_duration_seconds_count", ())] == 1
     assert values[("trainjobs_job_duration_seconds_bucket", (("le", "30.0"),))] == 1

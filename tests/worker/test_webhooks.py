@@ -153,13 +153,22 @@ def drain(sender: WebhookSender, settings: Settings, timeout: float = 30.0) -> N
             time.sleep(0.05)
 
 
+# The webhook events of full_life's job, in order.
+LIFE = ["job.queued", "job.running", "checkpoint.created", "job.queued", "job.running", "job.paused", "job.queued",
+        "job.running", "job.succeeded"]  # fmt: skip
+
+
 def full_life(settings: Settings) -> str:
-    """Queued, running, a checkpoint, paused (requeued), running again, succeeded with final metrics."""
+    """Queued, running, a checkpoint, requeued, running again, paused and resumed, succeeded with final
+    metrics."""
     job_id = submit(settings, name="full-life")
     move(settings, job_id, JobStatus.running)
     with session_scope(settings.database_url) as session:
         add_events(session, job_id, [("checkpoint", {"step": 4, "epoch": 0.5, "loss": 0.7}, None)])
     move(settings, job_id, JobStatus.queued, reason=ErrorReason.shutdown_requeue, message="slot stopped")
+    move(settings, job_id, JobStatus.running)
+    move(settings, job_id, JobStatus.paused, reason=ErrorReason.paused, message="paused by alice")
+    move(settings, job_id, JobStatus.queued)
     move(settings, job_id, JobStatus.running)
     move(settings, job_id, JobStatus.succeeded, final_metrics={"eval_loss": 0.25})
     return job_id
@@ -193,8 +202,7 @@ def test_each_event_reaches_the_receiver_once_signed_and_in_order(
     by_job: dict[str, list[str]] = {}
     for item in receiver.seen:
         by_job.setdefault(item["body"]["data"]["job_id"], []).append(item["body"]["type"])
-    assert by_job[job_id] == ["job.queued", "job.running", "checkpoint.created", "job.paused", "job.running",
-                              "job.succeeded"]  # fmt: skip
+    assert by_job[job_id] == LIFE
     assert by_job[failed] == ["job.queued", "job.running", "job.failed"]
     assert by_job[cancelled] == ["job.queued", "job.cancelled"]
     assert set(receiver.types()) == set(EVENT_TYPES)
@@ -204,7 +212,9 @@ def test_each_event_reaches_the_receiver_once_signed_and_in_order(
     assert done["final_metrics"] == {"eval_loss": 0.25} and done["status"] == "succeeded"
     assert done["dashboard_url"] == f"{public_url}/dashboard#/jobs/{job_id}"
     assert bodies[job_id, "checkpoint.created"]["data"]["checkpoint"] == {"step": 4, "epoch": 0.5, "loss": 0.7}
-    assert bodies[job_id, "job.paused"]["data"]["reason"] == "shutdown_requeue"
+    requeued = [item["body"]["data"] for item in receiver.seen if item["body"]["type"] == "job.queued"]
+    assert [data["reason"] for data in requeued if data["job_id"] == job_id] == [None, "shutdown_requeue", None]
+    assert bodies[job_id, "job.paused"]["data"]["reason"] == "paused"
     assert bodies[failed, "job.failed"]["data"]["reason"] == "data_error"
     assert bodies[failed, "job.failed"]["data"]["message"] == "no column 'text'"
     assert all(settings.secret_key not in json.dumps(item["body"]) for item in receiver.seen)
@@ -242,9 +252,8 @@ def test_a_receiver_down_for_a_while_gets_every_delivery_in_order(sqlite_setting
     assert all(item["verified"] for item in receiver.seen)
     for job_id in jobs:
         types = [item["body"]["type"] for item in receiver.seen if item["body"]["data"]["job_id"] == job_id]
-        assert types == ["job.queued", "job.running", "checkpoint.created", "job.paused", "job.running",
-                         "job.succeeded"]  # fmt: skip
-    assert len(receiver.seen) == len(deliveries(settings)) == 12  # each once, none lost
+        assert types == LIFE
+    assert len(receiver.seen) == len(deliveries(settings)) == 2 * len(LIFE)  # each once, none lost
 
 
 def test_a_later_event_waits_for_an_earlier_pending_one(sqlite_settings: Settings, receiver: Receiver) -> None:

@@ -62,6 +62,24 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+@readable_errors
+def cmd_pause(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        job = client.pause(args.id)
+    status = job.get("status", "")
+    said = "paused" if status == "paused" else f"pause requested ({status}: it checkpoints, then pauses)"
+    print(f"{args.id} {said}", file=sys.stderr)
+    return 0
+
+
+@readable_errors
+def cmd_resume(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        job = client.resume(args.id)
+        print(f"{args.id} resumed ({job.get('status', '')})", file=sys.stderr)
+    return 0
+
+
 def _number(value: Any, width: int, digits: int = 4) -> str:
     return f"{value:>{width}.{digits}f}" if isinstance(value, int | float) else f"{'-':>{width}}"
 
@@ -164,14 +182,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     submit.set_defaults(func=cmd_submit)
 
-    jobs = subparsers.add_parser("jobs", help="list, show, cancel and follow jobs")
+    jobs = subparsers.add_parser("jobs", help="list, show, cancel, pause, resume and follow jobs")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
     listing = jobs_sub.add_parser("list", parents=[conn], help="jobs, newest first")
     listing.add_argument("--status", default=None)
     listing.add_argument("--owner", default=None, help="only this owner's jobs (another owner's: admin keys only)")
     listing.add_argument("--limit", type=int, default=20)
     listing.set_defaults(func=cmd_list)
-    for name, func, text in (("show", cmd_show, "one job as JSON"), ("cancel", cmd_cancel, "cancel a job")):
+    for name, func, text in (
+        ("show", cmd_show, "one job as JSON"), ("cancel", cmd_cancel, "cancel a job"),
+        ("pause", cmd_pause, "pause a job: it checkpoints and frees its slot"),
+        ("resume", cmd_resume, "put a paused job back on its queue"),
+    ):  # fmt: skip
         action = jobs_sub.add_parser(name, parents=[conn], help=text)
         action.add_argument("id")
         action.set_defaults(func=func)

@@ -1,4 +1,4 @@
-// The job page: header with cancel, failure panel, progress, memory, attempts, live charts, logs, spec,
+// The job page: header with pause/resume and cancel, failure panel, progress, memory, attempts, live charts, logs, spec,
 // checkpoints, artifacts.
 // Everything it starts (timers, fetches, charts) hangs off one AbortController, so leaving the page
 // or switching to another job drops all of the previous job's state.
@@ -52,6 +52,20 @@ function cancelControl(job, refresh) {
   return box;
 }
 
+/** Pause (queued or running: a running job checkpoints first) or Resume (paused); nothing once it ended. */
+function pauseControl(job, refresh) {
+  if (isFinished(job) || job.cancel_requested) return null;
+  const paused = job.status === "paused";
+  const action = paused ? "resume" : "pause";
+  const button = el("button", { dataset: { action }, onclick: async () => {
+    button.disabled = true;
+    try { await request(`/v1/jobs/${job.id}/${action}`, { method: "POST" }); } catch (e) { button.replaceWith(e.message); }
+    refresh();
+  } }, paused ? "Resume" : job.pause_requested ? "Pausing…" : "Pause");
+  button.disabled = !paused && job.pause_requested;
+  return button;
+}
+
 /** Mount the page for job `id` into `root`; the signal ends everything it started. */
 export async function mountJob(root, id, signal) {
   // The job and its (thinned) series in parallel: two round trips' time, not their sum.
@@ -89,14 +103,14 @@ export async function mountJob(root, id, signal) {
   function render() {
     // The header is rebuilt only when what it shows changes: a poll must not close an open
     // "Cancel this job?" confirmation under the user's pointer.
-    const shown = `${job.status}|${job.cancel_requested}`;
+    const shown = `${job.status}|${job.cancel_requested}|${job.pause_requested}`;
     if (shown !== headerState) renderHeader();
     headerState = shown;
     renderBody();
   }
   function renderHeader() {
     header.replaceChildren(el("h2", {}, job.name, " ", statusBadge(job)),
-      el("div.actions", {}, el("code.muted", {}, job.id), " ", cancelControl(job, refresh),
+      el("div.actions", {}, el("code.muted", {}, job.id), " ", pauseControl(job, refresh), cancelControl(job, refresh),
         el("a.button", { href: `#/submit/${job.id}` }, "Clone"),
         el("a.button", { href: `#/compare/${job.id}` }, "Compare…")));
   }

@@ -136,5 +136,6 @@ export function setPath(target, path, value) {
 export function statusBadge(job) {
   const badge = el(`span.badge.status-${job.status}`, {}, job.status);
   if (job.cancel_requested && !job.finished_at) badge.append(" (cancelling)");
+  else if (job.pause_requested && job.status === "running") badge.append(" (pausing)");
   return badge;
 }
