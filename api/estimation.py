@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -17,8 +18,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.problems import Problem
 from service_core.db import Job
+from service_core.db.base import utcnow
+from service_core.db.models import WorkerHeartbeat
 from service_core.settings import Settings
 from service_core.status import JobStatus
+from trainer_core.auto import Budget
 from trainer_core.memory_overhead import overhead_mb_to_bytes
 from trainer_core.spec import JobSpec
 
@@ -49,6 +53,47 @@ def budget_for(spec: JobSpec, queue: str, settings: Settings) -> float | None:
     """The tightest per-device budget that applies: the spec's own and the queue's, when set."""
     budgets = [b for b in (spec.resources.gpu_memory_gb, settings.queue_budgets.get(queue)) if b is not None]
     return min(budgets) if budgets else None
+
+
+def auto_budget(spec: JobSpec, queue: str, settings: Settings, sessions: sessionmaker[Session]) -> Budget:
+    """The memory an ``auto`` micro-batch must fit: the queue's budget or ``resources.gpu_memory_gb``
+    (the tighter), else the smallest device the queue's live workers report, else this host's own."""
+    from trainer_core.auto import device_budget
+
+    set_budget = budget_for(spec, queue, settings)
+    if set_budget is not None:
+        source = "resources.gpu_memory_gb" if spec.resources.gpu_memory_gb == set_budget else f"queue {queue}'s budget"
+        return Budget(set_budget, source)
+    live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
+    with sessions() as session:
+        rows = session.execute(
+            select(WorkerHeartbeat.queues, WorkerHeartbeat.device_memory_gb, WorkerHeartbeat.device_kind).where(
+                WorkerHeartbeat.heartbeat_at >= live_after, WorkerHeartbeat.device_memory_gb.is_not(None)
+            )
+        ).all()
+    devices = [(row.device_memory_gb, row.device_kind) for row in rows if queue in (row.queues or [])]
+    if devices:
+        gb, kind = min(devices)
+        where = "GPU memory" if kind == "gpu" else "share of host memory for a CPU run"
+        return Budget(gb, f"the {where} of queue {queue}'s smallest worker", cpu=kind == "cpu")
+    here = device_budget()
+    return Budget(here.gb, f"{here.source}; no worker of queue {queue} has reported", cpu=here.cpu)
+
+
+def resolve_auto_for_submit(
+    spec: JobSpec, here: JobSpec, queue: str, train_rows: int | None, settings: Settings,
+    sessions: sessionmaker[Session],
+) -> tuple[JobSpec, JobSpec, list[dict[str, Any]]]:
+    """``spec`` and its readable copy ``here`` with their ``auto`` values chosen (sized on ``here``),
+    and the choices; both unchanged, with no choices, when the spec asks for none."""
+    from trainer_core.auto import apply_choices, resolve_auto
+
+    if not here.training.auto:
+        return spec, here, []
+    sized = "per_device_train_batch_size" in here.training.auto
+    budget = auto_budget(here, queue, settings, sessions) if sized else None
+    here, choices = resolve_auto(here, budget=budget, train_rows=train_rows, overhead_bytes=overhead_bytes(settings))
+    return apply_choices(spec, choices), here, [choice.as_dict() for choice in choices]
 
 
 def estimate_for_submit(spec: JobSpec, queue: str, settings: Settings) -> dict[str, Any] | None:

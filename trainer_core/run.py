@@ -117,6 +117,24 @@ def _train(
     return result.status, summary
 
 
+def resolve_auto_here(spec: JobSpec, sink: EventSink) -> JobSpec:
+    """A spec with ``auto`` values run without the service (``trainjobs train``): chosen on this
+    machine (the budget: ``resources.gpu_memory_gb``, else its device; the rows: the data's own), each
+    choice said in a ``log`` event. The service resolves them at submit, so its runs never get here."""
+    from trainer_core.auto import Budget, resolve_auto
+
+    rows = None
+    if "num_train_epochs" in spec.training.auto:
+        from trainer_core.preflight import preflight
+
+        rows = preflight(spec).train_rows  # raises PreflightError, a SpecError naming the field
+    budget = Budget(spec.resources.gpu_memory_gb, "resources.gpu_memory_gb") if spec.resources.gpu_memory_gb else None
+    resolved, choices = resolve_auto(spec, budget=budget, train_rows=rows)
+    for choice in choices:
+        sink(make_event("log", message=f"auto: {choice.field} = {choice.value} ({choice.why})"))
+    return resolved
+
+
 def train_job(
     spec: JobSpec,
     output_dir: Path,
@@ -137,6 +155,8 @@ def train_job(
     output_dir = Path(output_dir)
     try:
         check_runnable(spec)
+        if spec.training.auto and not is_distributed_rank():  # ranks get the launcher's resolved spec
+            spec = resolve_auto_here(spec, sink)
     except SpecError as exc:
         sink(make_event("done", status="failed", summary=failure_summary(exc)))
         raise

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -36,6 +36,9 @@ EvalMetric = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]
 SchedulerName = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]
 EvalStrategy = Literal["no", "steps", "epoch"]
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
+# Training values a spec may leave to the service by writing `auto` (trainer_core/auto.py chooses them).
+AutoField = Literal["per_device_train_batch_size", "num_train_epochs", "learning_rate"]
+AUTO_FIELDS: tuple[str, ...] = get_args(AutoField)
 
 BUILTIN_DATASET_BUILDERS = ("csv", "json", "parquet", "imagefolder", "audiofolder")
 
@@ -123,6 +126,14 @@ class PreprocessingSpec(StrictModel):
 
 class TrainingSpec(StrictModel):
     backend: Backend = "trainer"
+    auto: list[AutoField] = Field(
+        default_factory=list, description="The fields written as `auto`, for trainer_core/auto.py to choose. "
+        "Write `\"learning_rate\": \"auto\"` rather than this list; a resolved spec has none left.",
+    )  # fmt: skip
+    effective_batch_size: int | None = Field(
+        default=None, ge=1, le=1_048_576, description="Examples per optimizer step: micro-batch x gradient "
+        "accumulation x processes. With `per_device_train_batch_size: auto` the split is chosen to make it up.",
+    )  # fmt: skip
     num_train_epochs: float = Field(default=3.0, gt=0, le=100_000)
     max_steps: int = Field(default=-1, ge=-1, description="If > 0, overrides num_train_epochs.")
     per_device_train_batch_size: int = Field(default=8, ge=1, le=65536)
@@ -162,6 +173,21 @@ class TrainingSpec(StrictModel):
         default=False, description="Export the best checkpoint's weights as the final model (keeps it too). Needs "
         "`eval_strategy: steps` and `save_steps` a multiple of the evaluation interval.",
     )  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_values(cls, data: Any) -> Any:
+        """``"field": "auto"`` becomes the field's default, with its name in ``auto`` (the values stay
+        numbers for every reader of the spec; trainer_core/auto.py replaces them)."""
+        if not isinstance(data, dict):
+            return data
+        asked = [name for name in AUTO_FIELDS if data.get(name) == "auto"]
+        if not asked:
+            return data
+        kept = {k: v for k, v in data.items() if k not in asked}
+        given = kept.get("auto")
+        listed: list[Any] = given if isinstance(given, list) else []
+        return {**kept, "auto": [*listed, *(name for name in asked if name not in listed)]}
 
     @model_validator(mode="after")
     def _eval_steps(self) -> TrainingSpec:
@@ -308,11 +334,27 @@ class JobSpec(StrictModel):
             raise combination_error(
                 "adapter.compute_dtype", f"must match efficiency.mixed_precision ({mixed!r}): autocast sets the dtype"
             )
+        target, processes = self.training.effective_batch_size, self.resources.num_processes
+        if target is not None and target % processes:
+            raise combination_error(
+                "training.effective_batch_size", f"must be a multiple of resources.num_processes ({processes})"
+            )
+        chosen = "per_device_train_batch_size" in self.training.auto
+        if target is not None and not chosen and self.global_batch() != target:
+            raise combination_error(  # a resolved spec keeps it: the split `auto` chose must make it up
+                "training.effective_batch_size", f"is {target} but micro-batch x accumulation x processes is "
+                f"{self.global_batch()}; write per_device_train_batch_size 'auto' to have the split chosen",
+            )  # fmt: skip
         for tracker in ("wandb", "mlflow"):
             # report_to alone says which trackers are on; a section for one it leaves out would be ignored
             if getattr(self.integrations, tracker, None) is not None and tracker not in self.training.report_to:
                 raise combination_error(f"integrations.{tracker}", f"add '{tracker}' to training.report_to to use it")
         return self
+
+    def global_batch(self) -> int:
+        """Examples per optimizer step: micro-batch x gradient accumulation x processes."""
+        t, e = self.training, self.efficiency
+        return t.per_device_train_batch_size * e.gradient_accumulation_steps * self.resources.num_processes
 
     def evaluation_metrics(self) -> list[str]:
         """The values an evaluation of this run reports (trainer_core.backends.common.eval_values)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from contextlib import AbstractContextManager
 from threading import Event
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
@@ -24,7 +24,15 @@ from api.deps import (
     SettingsDep,
     owned_dataset,
 )
-from api.estimation import budget_for, check_monthly_budget, estimate_for_submit, plan, time_estimate, with_cost
+from api.estimation import (
+    budget_for,
+    check_monthly_budget,
+    estimate_for_submit,
+    plan,
+    resolve_auto_for_submit,
+    time_estimate,
+    with_cost,
+)
 from api.idempotency import Idempotency, IdempotencyKeyHeader, KeyTaken, exit_if_asked, fingerprint
 from api.paths import check_spec_locations, readable_here, resolve_uploaded_dataset, store_root
 from api.preflight import run_preflight
@@ -89,13 +97,22 @@ async def submit_job(
     return job
 
 
+class Checked(NamedTuple):
+    """A submit's spec after every check: as it would be stored (locations resolved, `auto` chosen)."""
+
+    spec: JobSpec
+    queue: str
+    dataset_id: str | None
+    estimate: dict[str, Any] | None
+    report: dict[str, Any]
+    auto: list[dict[str, Any]]
+
+
 def checked_spec(
     body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
-) -> tuple[JobSpec, str, str | None, dict[str, Any] | None, dict[str, Any]]:
-    """Every check a submit makes, in order (locations, preflight, budget); a Problem/SpecError on failure.
-
-    Returns the spec as it would be stored, its queue, uploaded dataset id, estimate and preflight report.
-    """
+) -> Checked:
+    """Every check a submit makes, in order (locations, preflight, `auto` values, budget); a
+    Problem/SpecError on failure."""
     spec = body.job_spec()
     untrainable = untrainable_errors(spec, cuda=True)  # the worker's device is checked by the run
     if untrainable:  # estimates take these specs; the worker cannot run them yet
@@ -116,19 +133,20 @@ def checked_spec(
     here = readable_here(spec, settings)  # a model folder on an object-store data root: this host's copy
     # Preflight first: its messages about the data and the model say more than the estimator's would.
     report = run_preflight(here, warmed_up, store_root=store_root(settings))
+    spec, here, auto = resolve_auto_for_submit(spec, here, queue, report.get("train_rows"), settings, sessions)
     estimate = estimate_for_submit(here, queue, settings)
     if estimate is not None:  # the time part needs the model the memory estimate sized, and the rows
         rows = report.get("train_rows"), report.get("eval_rows") or 0
         estimate["time"] = with_cost(time_estimate(here, queue, *rows, settings, sessions), spec, queue, settings)
     check_monthly_budget(caller.owner, estimate, spec, settings, sessions)
-    return spec, queue, dataset_id, estimate, report
+    return Checked(spec, queue, dataset_id, estimate, report, auto)
 
 
 def check_job(
     body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
 ) -> DryRunOut:
     """A dry run: the checks of :func:`create_job`, answered as a report, storing nothing."""
-    spec, queue, _, estimate, report = checked_spec(body, sessions, settings, caller, warmed_up)
+    spec, queue, _, estimate, report, auto = checked_spec(body, sessions, settings, caller, warmed_up)
     budget = budget_for(spec, queue, settings)
     advice = None
     if budget is not None and estimate is not None:
@@ -140,6 +158,7 @@ def check_job(
         estimate=estimate,
         budget_gb=budget,
         plan=advice,
+        auto=auto or None,
     )
 
 
@@ -161,13 +180,14 @@ def create_job(
         with engine.connect() as conn:
             if (answer := keyed.answer(conn, lambda: request)) is not None:
                 return answer
-    spec, queue, dataset_id, estimate, _ = checked_spec(body, sessions, settings, caller, warmed_up)
+    spec, queue, dataset_id, estimate, _, auto = checked_spec(body, sessions, settings, caller, warmed_up)
     now = utcnow()
     values = {
         "owner": caller.owner, "name": spec.name, "queue": queue, "priority": body.priority,
         "spec": spec.model_dump(mode="json", exclude_unset=True), "estimate": estimate, "dataset_id": dataset_id,
         "created_at": now, "enqueued_at": now, "reads_all_uploads": caller.is_admin,
         "devices": spec.resources.num_processes, "price_per_device_hour": settings.queue_prices.get(queue),
+        "auto_choices": auto or None,
     }  # fmt: skip
     try:
         job = store_job(engine, settings, values, keyed, request)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler,
 
 from api.schemas.common import UtcDatetime, as_json_types, as_utc
 from api.schemas.examples import EXAMPLE_JOB_CREATE
+from api.schemas.preflight import AutoChoiceOut
 from api.spec_limits import check_document
 from service_core.db.models import Job
 from service_core.status import ErrorReason, JobStatus, reason_or_internal
@@ -163,11 +164,15 @@ class JobOut(JobSummary):
     tracker_links: dict[str, TrackerLink] | None = Field(
         default=None, description="The W&B / MLflow runs of `training.report_to`, by tracker, once the run started."
     )
+    auto: list[AutoChoiceOut] | None = Field(
+        default=None, description="The values the service chose at submit for fields written `auto`, with why."
+    )
 
     @classmethod
     def from_job(cls, job: Job) -> Self:
         links = {name: TrackerLink.model_validate(link) for name, link in (job.tracker_links or {}).items()}
-        return cls(**summary_fields(job), spec=job.spec, tracker_links=links or None)
+        auto = [AutoChoiceOut.model_validate(choice) for choice in job.auto_choices or []] or None
+        return cls(**summary_fields(job), spec=job.spec, tracker_links=links or None, auto=auto)
 
 
 def summary_fields(job: Job) -> dict[str, Any]:

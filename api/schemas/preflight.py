@@ -7,6 +7,14 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 
+class AutoChoiceOut(BaseModel):
+    """One value the service chose for a field the spec wrote as `auto`."""
+
+    field: str = Field(description="The spec path, e.g. `training.learning_rate`.")
+    value: float | int
+    why: str
+
+
 class DryRunOut(BaseModel):
     dry_run: bool = True
     queue: str
@@ -17,3 +25,6 @@ class DryRunOut(BaseModel):
     estimate: dict[str, Any] | None = Field(description="The memory estimate (None for a model the estimator lacks).")
     budget_gb: float | None = Field(description="The per-device budget that applies (spec's or queue's), if any.")
     plan: dict[str, Any] | None = Field(description="The planner's configurations under the budget, when there is one.")
+    auto: list[AutoChoiceOut] | None = Field(
+        default=None, description="The values `auto` chose (trainer_core/auto.py), each with why; in `spec` already."
+    )

@@ -120,6 +120,8 @@ class Job(Base):
     price_per_device_hour: Mapped[float | None] = mapped_column(Float, default=None)
     # Where the run's trackers show it ({"wandb": url, "mlflow": url}), as the run reported them.
     tracker_links: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # What `auto` chose at submit: [{"field", "value", "why"}] (trainer_core/auto.py); None when nothing was auto.
+    auto_choices: Mapped[list[Any] | None] = mapped_column(default=None)
 
 
 class JobTotal(Base):
@@ -178,6 +180,10 @@ class WorkerHeartbeat(Base):
     # Since when at least one slot has been idle without a break; NULL while every slot is busy.
     idle_since: Mapped[datetime | None] = mapped_column(default=None)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Its device, for the `auto` micro-batch's budget (trainer_core/auto.py:device_budget): the smallest
+    # GPU's memory ("gpu"), or the share of host memory a CPU run may take ("cpu").
+    device_memory_gb: Mapped[float | None] = mapped_column(Float, default=None)
+    device_kind: Mapped[str | None] = mapped_column(String(8), default=None)
 
 
 class JobEvent(Base):
