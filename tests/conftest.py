@@ -36,7 +36,7 @@ from trainjobs.seaweedfs import SeaweedFS
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"
-    for name in ("lean_client", "live_logs", "live_preflight_downloads", "live_service")
+    for name in ("lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume")
 )
 HEAVY_UNITS: dict[str, int] = {
     "tests/bench/test_gpu_check_smoke.py": 300,

@@ -1,5 +1,5 @@
 // Job page panels that do not chart: memory (estimate vs measured), time and cost, spec, artifacts, logs,
-// trackers.
+// trackers, and the values `auto` chose.
 import { isFinished, readingOrder, request } from "./api.js";
 import { bytes, duration, el, num, toYaml } from "./util.js";
 
@@ -171,4 +171,13 @@ export function trackersPanel(job) {
     return [el("dt", {}, TRACKER_NAMES[name] || name), el("dd", { dataset: { tracker: name } }, page)];
   });
   return el("div.card", {}, el("h3", {}, "Trackers"), el("dl.facts", {}, rows));
+}
+
+/** The values the service chose for fields the spec wrote as `auto` (trainer_core/auto.py), each with why. */
+export function autoPanel(job) {
+  if (!job.auto?.length) return null;
+  return el("div.card", { dataset: { auto: "" } }, el("h3", {}, "Chosen for auto"),
+    el("dl.facts", {}, job.auto.map((choice) => [el("dt", {}, el("code", {}, choice.field)),
+      el("dd", { dataset: { field: choice.field } }, el("strong", {}, String(choice.value)), " ",
+        el("span.muted.small", {}, choice.why))])));
 }
