@@ -8,6 +8,7 @@ routes call this inside ``run_in_threadpool``, so the event loop stays free whil
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from datetime import timedelta
@@ -204,12 +205,13 @@ def queue_history(sessions: sessionmaker[Session], queue: str, family: str | Non
 
 def time_estimate(
     spec: JobSpec, queue: str, train_rows: int | None, eval_rows: int, settings: Settings,
-    sessions: sessionmaker[Session],
+    sessions: sessionmaker[Session], sample_tokens: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:  # fmt: skip
     """The time part of a job's estimate (issue 29): its counted work, and the seconds it will take on
     its queue's device at the efficiency the queue's finished jobs showed; None when the model's work
     is not modelled (conv nets, audio) or the data's rows are unknown (preflight's count at submit,
-    ``train_rows`` in an estimate request)."""
+    ``train_rows`` in an estimate request). ``sample_tokens``: preflight's measured positions a sample
+    and samples a row (trainer_core/token_lengths.py); without it a sample is ``max_length`` long."""
     from trainer_core.flops import NotModelled, run_samples, sample_flops
     from trainer_core.memory.parameters import model_structure
     from trainer_core.time_estimate import MIN_JOBS, calibrate, device_peak, predict_seconds
@@ -220,13 +222,17 @@ def time_estimate(
         # The structure the memory estimate built (cached; its head has the config's label count,
         # which moves the count by a head's few multiply-adds a sample).
         structure = model_structure(spec.model, spec.task)
-        sample = sample_flops(structure, spec)
+        tokens = round(sample_tokens["tokens"]) if sample_tokens else None
+        sample = sample_flops(structure, spec, tokens)
     except NotModelled as exc:
         logger.info("no time estimate for job %r: %s", spec.name, exc)
         return None
     except (TypeError, ValueError):  # a config without the sizes the count reads: no time part, no 500
         logger.warning("no time estimate for job %r: its model's sizes could not be read", spec.name, exc_info=True)
         return None
+    if sample_tokens:  # packed rows: fewer samples than rows (the eval split is packed the same way)
+        per_row = float(sample_tokens["samples_per_row"])
+        train_rows, eval_rows = max(1, math.ceil(train_rows * per_row)), math.ceil(eval_rows * per_row)
     steps, samples, eval_samples = run_samples(spec, train_rows, eval_rows, spec.resources.num_processes)
     device = settings.queue_devices.get(queue)
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(spec.efficiency.mixed_precision, "fp32")
@@ -243,7 +249,8 @@ def time_estimate(
     train_flops, eval_flops = sample.train * samples, sample.forward * eval_samples
     body: dict[str, Any] = {
         "device": device, "dtype": dtype, "peak_flops": peak if device else None,
-        "tokens_per_sample": sample.tokens, "steps": steps, "train_samples": samples, "eval_samples": eval_samples,
+        "tokens_per_sample": sample.tokens, "tokens_measured": bool(sample_tokens),
+        "steps": steps, "train_samples": samples, "eval_samples": eval_samples,
         "family": structure.model_type, "flops_per_train_sample": sample.train, "flops_per_eval_sample": sample.forward,
         "train_flops": train_flops, "eval_flops": eval_flops, "formula": sample.formula,
         "calibration": {"jobs": calibration.jobs, "calibrated": calibration.calibrated,

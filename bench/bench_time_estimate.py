@@ -9,9 +9,9 @@ gradient checkpointing and optimizer, are predicted (``predict_seconds`` on thei
 predicted / actual train time for each. Goal: every ratio within 0.8-1.25 (stretch 0.9-1.1).
 
 Every run is the engine's (``trainer_core.run.train_job``, in this process, ``trainer`` backend, fp32,
-no evaluation). The text rows are longer than ``max_length`` (the count assumes full rows; data of
-varied lengths needs the length histogram the count does not take yet), and the causal-LM data
-is the varied prompt/completion set of ``bench_llm.py``, packed or padded as each spec says. Packing
+no evaluation). The text rows are longer than ``max_length``, and the causal-LM data is the varied
+prompt/completion set of ``bench_llm.py``, packed or padded as each spec says; the count takes each
+sample's positions from the data's own lengths as preflight does (``trainer_core/token_lengths.py``). Packing
 today flattens a batch into one sequence (attention over B*L positions, issue 25), and the count
 models that path.
 
@@ -90,20 +90,28 @@ def write_reviews(root: Path, n: int, seed: int = 0) -> dict[str, str]:
 
 def measure(spec: dict[str, Any], out: Path) -> tuple[float, float]:
     """(counted FLOPs, train_runtime_s) of one run of ``spec``."""
+    from datasets import load_dataset
+
     from trainer_core.events import EventCollector
     from trainer_core.flops import training_flops
     from trainer_core.memory.parameters import model_structure
     from trainer_core.run import train_job
     from trainer_core.spec import parse_spec
+    from trainer_core.token_lengths import estimate_sample_tokens
 
     parsed = parse_spec(spec)
     events = EventCollector()
     status = train_job(parsed, out, emit=events, cache_dir=out.parent / "cache")
     summary = events.of_kind("done")[-1]["summary"]
     assert status == "succeeded", summary
-    # max_steps: the run trains steps x batch rows (packed rows when packing), the count's samples.
+    # max_steps: the run trains steps x batch rows (packed rows when packing), the count's samples, each
+    # of the positions the data's lengths give (preflight's measure; max_length where it has none).
     rows = parsed.training.max_steps * parsed.training.per_device_train_batch_size
-    work = training_flops(model_structure(parsed.model, parsed.task), parsed, train_rows=rows, eval_rows=0)
+    data = load_dataset(parsed.dataset.path, data_files=dict(parsed.dataset.data_files or {}))["train"]
+    measured = estimate_sample_tokens(parsed, data)
+    tokens = round(measured.tokens) if measured is not None else None
+    work = training_flops(model_structure(parsed.model, parsed.task), parsed, train_rows=rows, eval_rows=0,
+                          tokens=tokens)  # fmt: skip
     return float(work.total), float(summary["train"]["train_runtime_s"])
 
 

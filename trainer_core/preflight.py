@@ -47,6 +47,9 @@ class PreflightReport:
     # what the time estimate's steps and samples follow (trainer_core/flops.py).
     train_rows: int | None = None
     eval_rows: int | None = None
+    # Positions a training sample occupies after padding or packing, from the rows read
+    # (trainer_core/token_lengths.py): the time estimate's sequence length; None where not measured.
+    sample_tokens: dict[str, Any] | None = None
     labels: list[str] | None = None
     labels_complete: bool = False
     columns: list[str] = field(default_factory=list)
@@ -177,6 +180,7 @@ def _check_data(spec: JobSpec, report: PreflightReport, store_root: str | None) 
     if eval_split is not None:
         check_columns(spec, eval_split.rows, "eval")
     report.checks.append("columns")
+    report.sample_tokens = _sample_tokens(spec, train.rows)
     if spec.task == "causal-lm":  # a language model's targets are its text: no label column
         return
     _check_labels(spec, train, eval_split, report)
@@ -185,6 +189,19 @@ def _check_data(spec: JobSpec, report: PreflightReport, store_root: str | None) 
         if eval_split is not None:
             _check_media(spec, eval_split.rows, "eval")
         report.checks.append("media_decodes")
+
+
+def _sample_tokens(spec: JobSpec, rows: Any) -> dict[str, Any] | None:
+    """The rows' measured tokens a sample; None when they cannot be measured here (the model checks
+    that follow say why, if it is the tokenizer): an estimate never fails a preflight."""
+    from trainer_core.token_lengths import estimate_sample_tokens
+
+    try:
+        measured = estimate_sample_tokens(spec, rows)
+    except Exception:
+        logger.info("no token lengths for %r", spec.name, exc_info=True)
+        return None
+    return measured.as_dict() if measured is not None else None
 
 
 def _chosen_splits(

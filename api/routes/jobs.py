@@ -137,7 +137,8 @@ def checked_spec(
     estimate = estimate_for_submit(here, queue, settings)
     if estimate is not None:  # the time part needs the model the memory estimate sized, and the rows
         rows = report.get("train_rows"), report.get("eval_rows") or 0
-        estimate["time"] = with_cost(time_estimate(here, queue, *rows, settings, sessions), spec, queue, settings)
+        timed = time_estimate(here, queue, *rows, settings, sessions, report.get("sample_tokens"))
+        estimate["time"] = with_cost(timed, spec, queue, settings)
     check_monthly_budget(caller.owner, estimate, spec, settings, sessions)
     return Checked(spec, queue, dataset_id, estimate, report, auto)
 

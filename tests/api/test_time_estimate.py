@@ -4,6 +4,8 @@ job detail's predicted beside measured."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +172,18 @@ def test_a_model_family_with_enough_jobs_is_timed_by_its_own(on_a100: Settings, 
         queued = dry_run_time(client, keys)
     assert queued["calibration"]["scope"] == "queue" and queued["calibration"]["jobs"] == 7
     assert queued["calibration"]["efficiency"] == pytest.approx(0.2)  # the median of 3 x 0.05 and 4 x 0.2
+
+
+def test_a_dry_runs_time_estimate_counts_the_measured_positions(
+    client: TestClient, keys: Keys, minilm_path: Path, settings: Settings
+) -> None:
+    model = Path(settings.data_root) / "minilm"
+    shutil.copytree(minilm_path, model)
+    spec = make_spec(model={"name_or_path": "minilm"}, preprocessing={"max_length": 256})
+    spec["dataset"] = {**spec["dataset"], "text_column": "text", "label_column": "label"}
+    answer = client.post("/v1/jobs?dry_run=true", json=spec, headers=keys.auth(keys.alice))
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    measured = body["preflight"]["sample_tokens"]
+    timed = body["estimate"]["time"]
+    assert timed["tokens_measured"] is True and timed["tokens_per_sample"] == round(measured["tokens"]) < 256

@@ -107,7 +107,8 @@ def test_legends_show_values_only_where_there_are_some(page: Page, dev: DevServi
     value = re.compile(r"^\s*-?\d\S*( \(raw -?\d\S*\))?$")
     expect(loss.locator("[data-step]")).to_have_text(re.compile(r"^latest: step \d+$"))
     expect(loss.locator(".series .value")).to_have_text(value)
-    # Over it: the hovered step's.
+    # Over it: the hovered step's (the chart scrolled into view first: the pointer only hovers what is seen).
+    loss.scroll_into_view_if_needed()
     box = loss.locator(".u-over").bounding_box()
     assert box is not None
     page.mouse.move(box["x"] + box["width"] * 0.4, box["y"] + box["height"] / 2)

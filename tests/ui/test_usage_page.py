@@ -29,6 +29,16 @@ def js_num(value: float, digits: int) -> str:
     return str(int(rounded)) if rounded.is_integer() else repr(rounded)
 
 
+def js_money(value: float) -> str:
+    """What the dashboard's ``money(value)`` (api/static/js/panels.js) prints: whole units from 100,
+    cents from a cent, significant digits below."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 0.01 or value == 0:
+        return f"{value:.2f}"
+    return js_num(value, 2)
+
+
 @pytest.fixture(scope="module")
 def finished(dev: DevService) -> dict[str, Any]:
     files = write_sentiment_csv(dev.data_root / "sentiment-usage", n_train=48, n_val=16)
@@ -50,7 +60,7 @@ def test_the_job_page_shows_the_charge_at_the_queues_price(
     hours = card.locator("[data-row=device-hours] td").nth(2)
     expect(hours).to_have_text(js_num(usage["device_hours"], 3))
     # (below a cent, in significant digits: "0.00" would say the run was free)
-    assert float(card.locator("[data-row=cost] td").nth(2).inner_text()) == pytest.approx(usage["cost"], rel=0.01)
+    expect(card.locator("[data-row=cost] td").nth(2)).to_have_text(js_money(usage["cost"]))
     expect(card).to_contain_text(f"{PRICE} per device-hour")
     shot(page, "job-time-cost", full_page=False)
 
@@ -70,7 +80,7 @@ def test_the_usage_page_is_the_apis_answer(page: Page, dev: DevService, finished
     default = next(g for g in report["groups"] if g["key"] == "default")
     row = page.locator("table.usage tr[data-group=default] td")
     expect(row.nth(0)).to_have_text("default")
-    assert float(row.nth(2).inner_text()) == pytest.approx(default["cost"], rel=0.01)
+    expect(row.nth(2)).to_have_text(js_money(default["cost"]))
     total = page.locator("[data-total-hours]")
     expect(total).to_have_text(js_num(report["total"]["device_hours"], 4))
     # The chart: one bar per day of the period, today's the day's device-hours.

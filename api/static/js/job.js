@@ -120,8 +120,10 @@ export async function mountJob(root, id, signal) {
     overview.replaceChildren(...[progressBlock(job),
       el("div.card", {}, el("h3", {}, "Memory"), memoryPanel(job)),
       timeCostPanel(job),
-      latest.length ? el("div.card", {}, el("h3", {}, job.final_metrics ? "Final metrics" : "Latest metrics"),
-        el("dl.facts", {}, latest.map(([k, v]) => [el("dt", {}, k), el("dd", {}, num(v))]))) : null,
+      // Always there (empty until the first point), so the charts below do not jump when it fills.
+      el("div.card", {}, el("h3", {}, job.final_metrics ? "Final metrics" : "Latest metrics"),
+        latest.length ? el("dl.facts", {}, latest.map(([k, v]) => [el("dt", {}, k), el("dd", {}, num(v))]))
+          : el("p.muted", {}, "none yet")),
       autoPanel(job), trackersPanel(job)].filter(Boolean));
     tabs.spec.replaceChildren(specPanel(job));
     attempts.replaceChildren(attemptsPanel(statusEvents, job.retries));

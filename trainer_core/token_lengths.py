@@ -1,0 +1,104 @@
+"""How many tokens a training sample really has, from the data's own lengths (the time estimate's ``s``).
+
+The FLOP count (trainer_core/flops.py) needs the positions a sample occupies after padding or packing.
+Without the data it assumes ``max_length``; with rows (preflight's head of the training split) it takes
+the lengths the run's own encoders give, truncated at the run's ``max_length``, and batches them as
+the run does:
+
+- **padding** pads each micro-batch to its longest row. With ``group_by_length`` the run sorts
+  mega-batches of :data:`~trainer_core.backends.sampling.MEGA_BATCH_STEPS` steps by length and cuts
+  them into micro-batches (simulated here on the rows, with the run's rule); without it a micro-batch
+  is ``B`` rows drawn at random, whose longest has the order-statistics expectation
+  ``sum_k L(k) x ((k/n)^B - ((k-1)/n)^B)`` over the sorted lengths ``L``.
+- **packing** (causal-LM) fills rows of ``max_length`` tokens: a sample is ``max_length`` positions and
+  there are ``sum(L) / max_length`` of them for the ``n`` rows read.
+
+Text tasks with a named tokenizer only: a config-built model without one trains its tokenizer on the
+data when it runs, and image and audio samples have fixed sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainer_core.spec import JobSpec
+
+MEGA_BATCH_STEPS = 50  # trainer_core/backends/sampling.py's (not imported: it loads torch); a test pins them
+
+
+@dataclass(frozen=True)
+class SampleTokens:
+    """Positions per training sample, and training samples per data row (below 1 when rows are packed)."""
+
+    tokens: float
+    samples_per_row: float
+    rows_measured: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "samples_per_row": self.samples_per_row, "rows_measured": self.rows_measured}
+
+
+def measured_lengths(spec: JobSpec, rows: Any) -> list[int] | None:
+    """Token counts of ``rows`` (a ``datasets.Dataset``) as the run encodes them; None where the run's
+    tokenizer is not a saved one, or for image and audio tasks."""
+    from trainer_core.data.preprocess import effective_max_length
+    from trainer_core.data.text import load_tokenizer, tokenizer_source
+
+    if spec.task not in ("text-classification", "causal-lm") or tokenizer_source(spec) is None or not len(rows):
+        return None
+    tokenizer = load_tokenizer(spec)
+    max_length = effective_max_length(spec, tokenizer)
+    if spec.task == "causal-lm":
+        from trainer_core.data.causal_lm import has_targets, make_lm_encoder
+        from trainer_core.data.loading import lm_shape
+
+        encoder = make_lm_encoder(spec, tokenizer, lm_shape(spec.dataset, rows.column_names), max_length)
+        encoded = encoder(rows[:])
+        keep = [has_targets({"labels": labels}) for labels in encoded["labels"]]  # as drop_untrainable does
+        return [len(ids) for ids, kept in zip(encoded["input_ids"], keep, strict=True) if kept]
+    ds = spec.dataset
+    texts = [str(t) for t in rows[ds.text_column]]
+    pairs = [str(t) for t in rows[ds.text_pair_column]] if ds.text_pair_column else None
+    encoded = tokenizer(texts, pairs, truncation=True, max_length=max_length)
+    return [len(ids) for ids in encoded["input_ids"]]
+
+
+def _grouped_padding(lengths: list[int], batch: int, group: int) -> float:
+    """Mean padded micro-batch length under length grouping: each mega-batch of the rows sorted and
+    cut into groups of ``group`` samples, each micro-batch of ``batch`` padded to its longest."""
+    mega = group * MEGA_BATCH_STEPS
+    padded: list[int] = []
+    for start in range(0, len(lengths), mega):
+        chunk = sorted(lengths[start : start + mega], reverse=True)
+        padded += [chunk[k] for k in range(0, len(chunk), batch) for _ in chunk[k : k + batch]]
+    return sum(padded) / len(padded)
+
+
+def _random_padding(lengths: list[int], batch: int) -> float:
+    """E[the longest of ``batch`` rows drawn at random], from the sorted lengths' order statistics."""
+    ordered, n = sorted(lengths), len(lengths)
+    return sum(length * ((k / n) ** batch - ((k - 1) / n) ** batch) for k, length in enumerate(ordered, start=1))
+
+
+def sample_tokens(spec: JobSpec, lengths: list[int]) -> SampleTokens:
+    """Positions per sample and samples per row of a run of ``spec`` on rows of these ``lengths``."""
+    limit = spec.preprocessing.max_length
+    lengths = [min(length, limit) for length in lengths if length > 0]
+    if not lengths:
+        return SampleTokens(float(limit), 1.0, 0)
+    if spec.task == "causal-lm" and spec.preprocessing.packing:
+        return SampleTokens(float(limit), sum(lengths) / (limit * len(lengths)), len(lengths))
+    batch = spec.training.per_device_train_batch_size
+    if spec.preprocessing.group_by_length:
+        group = batch * spec.efficiency.gradient_accumulation_steps
+        tokens = _grouped_padding(lengths, batch, group)
+    else:
+        tokens = _random_padding(lengths, batch)
+    return SampleTokens(tokens, 1.0, len(lengths))
+
+
+def estimate_sample_tokens(spec: JobSpec, rows: Any) -> SampleTokens | None:
+    """:func:`sample_tokens` over ``rows`` as the run would encode them; None where they cannot be measured."""
+    lengths = measured_lengths(spec, rows)
+    return sample_tokens(spec, lengths) if lengths else None
