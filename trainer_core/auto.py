@@ -184,13 +184,16 @@ def apply_choices(spec: JobSpec, choices: list[AutoChoice]) -> JobSpec:
 
 
 def resolve_auto(
-    spec: JobSpec, *, budget: Budget | None, train_rows: int | None, overhead_bytes: int | None = None
+    spec: JobSpec, *, budget: Budget | None, train_rows: int | None, overhead_bytes: int | None = None,
+    partial: bool = False,
 ) -> tuple[JobSpec, list[AutoChoice]]:
     """``spec`` with every ``auto`` field chosen (batch, then epochs, then the rate, which depends on
-    the batch), and the choices; ``spec`` itself when it asks for none."""
+    the batch), and the choices; ``spec`` itself when it asks for none. ``partial`` (a memory estimate,
+    which may not know the rows): epochs without ``train_rows`` stay ``auto`` instead of an error."""
     asked = set(spec.training.auto)
     if not asked:
         return spec, []
+    left: list[str] = []
     choices: list[AutoChoice] = []
     changes: dict[str, Any] = {}
     if "per_device_train_batch_size" in asked:
@@ -201,13 +204,15 @@ def resolve_auto(
         if "gradient_accumulation_steps" in batch:
             choices.append(AutoChoice("efficiency.gradient_accumulation_steps", batch["gradient_accumulation_steps"],
                                       f"keeps training.effective_batch_size {spec.training.effective_batch_size}"))
-    if "num_train_epochs" in asked:
+    if "num_train_epochs" in asked and train_rows is None and partial:
+        left.append("num_train_epochs")
+    elif "num_train_epochs" in asked:
         if train_rows is None:
             raise SpecError([FieldError("training.num_train_epochs", "auto needs the number of training rows")])
         epochs, why = auto_epochs(train_rows)
         changes["num_train_epochs"] = epochs
         choices.append(AutoChoice("training.num_train_epochs", epochs, why))
-    resolved = with_values(spec, {**changes, "auto": []})
+    resolved = with_values(spec, {**changes, "auto": left})
     if "learning_rate" in asked:
         rate, why = auto_learning_rate(resolved)
         resolved = with_values(resolved, {"learning_rate": rate})

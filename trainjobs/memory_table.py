@@ -37,6 +37,9 @@ def render_estimate(payload: dict[str, Any]) -> str:
     if payload.get("gpu_memory_bytes") is not None:
         verdict = "fits" if payload["fits"] else "does NOT fit"
         lines.append(f"\n{verdict} in {human_bytes(payload['gpu_memory_bytes'])}")
+    if payload.get("auto"):
+        lines.append("\nchosen for auto:")
+        lines.extend(f"  {choice['field']} = {choice['value']}  ({choice['why']})" for choice in payload["auto"])
     plan = payload.get("plan")
     if plan is not None:
         lines.extend(render_plan(plan))

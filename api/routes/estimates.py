@@ -9,11 +9,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, SessionFactoryDep, SettingsDep
-from api.estimation import estimate, plan, time_estimate, with_cost
+from api.estimation import auto_budget, estimate, overhead_bytes, plan, time_estimate, with_cost
 from api.paths import check_spec_locations, readable_here
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.estimates import Catalog, EstimateRequest, EstimateResponse
+from api.schemas.preflight import AutoChoiceOut
 from service_core.settings import Settings
 from trainer_core.spec import JobSpec
 
@@ -25,8 +26,19 @@ def estimate_response(
 ) -> EstimateResponse:
     """The estimator's answer for ``body`` (blocking: a model's first estimate builds it on the meta
     device); with ``train_rows`` (and ``sessions``, for the queue's history) also the time part."""
+    from trainer_core.auto import AutoChoice, Budget, device_budget, resolve_auto
     from trainer_core.memory import TOTAL_FORMULA
 
+    queue = body.queue or settings.default_queue
+    choices: list[AutoChoice] = []
+    if body.spec.training.auto:  # estimated as submit would choose them (the rows: train_rows, if given)
+        if body.gpu_memory_gb is not None:
+            budget = Budget(body.gpu_memory_gb, "the request's gpu_memory_gb")
+        else:
+            budget = auto_budget(body.spec, queue, settings, sessions) if sessions is not None else device_budget()
+        spec, choices = resolve_auto(body.spec, budget=budget, train_rows=body.train_rows,
+                                     overhead_bytes=overhead_bytes(settings), partial=True)  # fmt: skip
+        body = body.model_copy(update={"spec": spec})
     result = estimate(body.spec, settings, gpu_memory_gb=body.gpu_memory_gb, devices=body.devices)
     advice = None
     if body.gpu_memory_gb is not None:
@@ -34,12 +46,12 @@ def estimate_response(
     # total_formula: so a client without torch renders the same table as `trainjobs estimate`.
     answer = {**result.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}
     if body.train_rows is not None and sessions is not None:
-        queue = body.queue or settings.default_queue
         answer["time"] = with_cost(
             time_estimate(body.spec, queue, body.train_rows, body.eval_rows, settings, sessions), body.spec, queue,
             settings,
         )
-    return EstimateResponse(estimate=answer, plan=advice)
+    auto = [AutoChoiceOut.model_validate(choice.as_dict()) for choice in choices] or None
+    return EstimateResponse(estimate=answer, plan=advice, auto=auto)
 
 
 @router.post("/estimates/memory", response_model=EstimateResponse)

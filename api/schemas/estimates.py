@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler,
 from api.schemas.common import as_json_types
 from api.schemas.examples import EXAMPLE_ESTIMATE_REQUEST
 from api.schemas.jobs import QUEUE_PATTERN
+from api.schemas.preflight import AutoChoiceOut
 from api.spec_limits import check_document
 from trainer_core.spec import JobSpec
 
@@ -50,6 +51,9 @@ class EstimateResponse(BaseModel):
         description="The estimator's breakdown: parts with formulas, total_bytes (summed as total_formula says), fits."
     )
     plan: dict[str, Any] | None = Field(description="Configurations that fit the budget, cheapest change first.")
+    auto: list[AutoChoiceOut] | None = Field(
+        default=None, description="Values chosen for fields written `auto` (epochs only with `train_rows`)."
+    )
 
 
 class Catalog(BaseModel):

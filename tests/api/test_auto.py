@@ -89,3 +89,15 @@ def test_a_queue_budget_nothing_fits_is_a_422_naming_the_field(client: TestClien
 def test_no_auto_no_choices(client: TestClient, keys: Keys) -> None:
     dry = client.post("/v1/jobs", params={"dry_run": "true"}, json=make_spec(), headers=keys.auth(keys.alice))
     assert dry.status_code == 200 and dry.json()["auto"] is None
+
+
+def test_the_estimate_endpoint_chooses_as_submit_would(client: TestClient, keys: Keys) -> None:
+    budget = (gib(8) + gib(16)) / 2
+    body = {"spec": make_spec(training=AUTO), "gpu_memory_gb": budget}
+    answer = client.post("/v1/estimates/memory", json=body, headers=keys.auth(keys.alice))
+    assert answer.status_code == 200, answer.text
+    chosen = by_field(answer.json()["auto"])
+    assert chosen["training.per_device_train_batch_size"]["value"] == 8 and answer.json()["estimate"]["fits"]
+    assert "training.num_train_epochs" not in chosen  # no rows given: a memory estimate leaves them
+    with_rows = client.post("/v1/estimates/memory", json={**body, "train_rows": 10}, headers=keys.auth(keys.alice))
+    assert by_field(with_rows.json()["auto"])["training.num_train_epochs"]["value"] == 10

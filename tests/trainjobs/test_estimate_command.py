@@ -81,3 +81,19 @@ def test_exit_status_says_whether_the_spec_a_plan_entry_or_nothing_fits(
     assert main(["estimate", spec, "--gpu-memory", "512MiB"]) == 4
     out = capsys.readouterr().out
     assert "does NOT fit" in out and "nothing fits; the smallest footprint is" in out
+
+
+def test_an_auto_batch_is_estimated_as_chosen_for_the_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path, "distilbert-base-uncased")
+    data = yaml.safe_load(spec.read_text())
+    data["training"] = {"per_device_train_batch_size": "auto", "num_train_epochs": "auto"}
+    spec.write_text(yaml.safe_dump(data))
+    assert main(["estimate", str(spec), "--json", "--gpu-memory", "12"]) == 0  # the chosen batch fits
+    payload = json.loads(capsys.readouterr().out)
+    (choice,) = payload["auto"]  # the epochs need the rows: they stay auto in a memory estimate
+    assert choice["field"] == "training.per_device_train_batch_size" and "12.0 GiB" in choice["why"]
+    assert payload["fits"] is True and payload["total_bytes"] <= 12 * 1024**3
+    assert main(["estimate", str(spec), "--gpu-memory", "12"]) == 0
+    assert f"training.per_device_train_batch_size = {choice['value']}" in capsys.readouterr().out

@@ -8,10 +8,12 @@ model loads and predicts; the measured optimizer state equals the estimate's; ca
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +42,16 @@ def redis_cleanup(queue: str) -> None:
         client.delete(key)
 
 
+PRICE = 2.0  # each service's queue's price per device-hour
+
+
 @contextmanager
 def started_service(kind: str, tmp_path: Path, **env: str) -> Iterator[LiveService]:
     """A live service on the embedded default or on PostgreSQL + Redis, each with fresh state (and ``env``)."""
     home = tmp_path / "var"
     home.mkdir()
     queue = f"e2e-{uuid.uuid4().hex[:8]}"
+    env = {"TRAINJOBS_QUEUE_PRICES": json.dumps({queue: PRICE}), **env}
     if kind == "embedded":
         with live_service(make_settings(home, **env), queue, tmp_path / "logs") as live:
             yield live
@@ -145,6 +151,17 @@ def test_submit_run_stream_and_download(service: LiveService, tmp_path: Path) ->
         # The estimate was right about the optimizer, to the byte.
         assert final["memory"]["measured"]["optimizer_state_bytes"] == final["estimate"]["optimizer_state_bytes"]
         assert final["progress"]["step"] == 16 and final["attempts"] == 1
+
+        # Charged its one attempt at its queue's price, and summed by GET /v1/usage (a fresh database:
+        # this job alone), on both database shapes.
+        usage = final["usage"]
+        ran = datetime.fromisoformat(final["finished_at"]) - datetime.fromisoformat(final["started_at"])
+        assert usage["run_seconds"] == pytest.approx(ran.total_seconds(), abs=1e-3) and usage["run_seconds"] > 0
+        assert usage["cost"] == pytest.approx(usage["device_hours"] * PRICE)
+        report = client.get("/v1/usage", params={"group_by": "queue"}).json()
+        assert [(g["key"], g["jobs"]) for g in report["groups"]] == [(service.queue, {"succeeded": 1})]
+        assert report["total"]["device_hours"] == pytest.approx(usage["device_hours"])
+        assert report["total"]["cost"] == pytest.approx(usage["cost"])
 
         listing = {item["path"] for item in client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]}
         assert {"model.safetensors", "config.json", "metrics.json", "worker.log", "tokenizer.json"} <= listing

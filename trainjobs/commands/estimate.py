@@ -55,13 +55,20 @@ def register(subparsers: Any) -> None:
 
 def local_payload(spec_path: str, gpu_memory_gb: float | None, devices: int | None) -> dict[str, Any]:
     """The estimate (and the plan when a budget is known) as one JSON-able object."""
+    from trainer_core.auto import Budget, device_budget, resolve_auto
     from trainer_core.memory import TOTAL_FORMULA, estimate_memory, plan_memory
     from trainer_core.spec import load_spec_file
 
     spec = load_spec_file(spec_path)
+    budget = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
+    choices: list[Any] = []
+    if spec.training.auto:  # as a run here would choose them (epochs stay auto: the rows are not read)
+        sized = Budget(budget, "the budget given") if budget is not None else device_budget()
+        spec, choices = resolve_auto(spec, budget=sized, train_rows=None, partial=True)
     estimate = estimate_memory(spec, devices=devices, gpu_memory_gb=gpu_memory_gb)
     payload: dict[str, Any] = {**estimate.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}
-    budget = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
+    if choices:
+        payload["auto"] = [choice.as_dict() for choice in choices]
     if budget is not None:
         payload["plan"] = plan_memory(spec, budget, devices=devices).model_dump(mode="json")
     return payload
@@ -72,8 +79,9 @@ def remote_payload(args: argparse.Namespace) -> dict[str, Any]:
     with client_for(args) as client:
         answer = client.estimate(args.spec, gpu_memory_gb=args.gpu_memory, devices=args.devices)
     payload = dict(answer["estimate"])
-    if answer.get("plan") is not None:
-        payload["plan"] = answer["plan"]
+    for part in ("plan", "auto"):
+        if answer.get(part) is not None:
+            payload[part] = answer[part]
     return payload
 
 
