@@ -487,14 +487,18 @@ class Client:
         spec: str | Path | Mapping[str, Any] | BaseModel,
         gpu_memory_gb: float | None = None,
         devices: int | None = None,
+        train_rows: int | None = None,
+        eval_rows: int = 0,
+        queue: str | None = None,
     ) -> dict[str, Any]:
-        """The server's memory estimate for ``spec``; with a budget, the planner's fitting configs."""
+        """The server's estimate for ``spec``: memory, with a budget the planner's fitting configs, and
+        with ``train_rows`` the time and cost on ``queue`` (its finished jobs calibrate it)."""
         body: dict[str, Any] = {"spec": spec_payload(spec)}
-        if gpu_memory_gb is not None:
-            body["gpu_memory_gb"] = gpu_memory_gb
-        if devices is not None:
-            body["devices"] = devices
-        result: dict[str, Any] = self._json("POST", "/v1/estimates/memory", json=body)
+        optional = {"gpu_memory_gb": gpu_memory_gb, "devices": devices, "train_rows": train_rows, "queue": queue}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        if train_rows is not None:
+            body["eval_rows"] = eval_rows
+        result: dict[str, Any] = self._json("POST", "/v1/estimates", json=body)
         return result
 
     def catalog(self) -> Any:

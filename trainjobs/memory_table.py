@@ -37,6 +37,8 @@ def render_estimate(payload: dict[str, Any]) -> str:
     if payload.get("gpu_memory_bytes") is not None:
         verdict = "fits" if payload["fits"] else "does NOT fit"
         lines.append(f"\n{verdict} in {human_bytes(payload['gpu_memory_bytes'])}")
+    if payload.get("time"):
+        lines.extend(render_time(payload["time"]))
     if payload.get("auto"):
         lines.append("\nchosen for auto:")
         lines.extend(f"  {choice['field']} = {choice['value']}  ({choice['why']})" for choice in payload["auto"])
@@ -44,6 +46,19 @@ def render_estimate(payload: dict[str, Any]) -> str:
     if plan is not None:
         lines.extend(render_plan(plan))
     return "\n".join(lines)
+
+
+def render_time(time: dict[str, Any]) -> list[str]:
+    """The time part: the counted work, and the predicted seconds (and cost) when the queue can time it."""
+    lines = [f"\ntime: {time['steps']} steps, {time['train_samples']} training samples of "
+             f"{time['tokens_per_sample']} positions, {(time['train_flops'] + time['eval_flops']) / 1e12:.3g} TFLOP"]
+    if time.get("seconds") is not None:
+        low, high = time["seconds_p10"], time["seconds_p90"]
+        cost = f", cost {time['cost']:.4g}" if time.get("cost") is not None else ""
+        lines.append(f"  predicted {time['seconds']:.0f} s (p10-p90 {low:.0f}-{high:.0f} s){cost}")
+    if time.get("note"):
+        lines.append(f"  {time['note']}")
+    return lines
 
 
 def render_plan(plan: dict[str, Any]) -> list[str]:

@@ -54,11 +54,13 @@ def estimate_response(
     return EstimateResponse(estimate=answer, plan=advice, auto=auto)
 
 
-@router.post("/estimates/memory", response_model=EstimateResponse)
+@router.post("/estimates", response_model=EstimateResponse)
+@router.post("/estimates/memory", response_model=EstimateResponse)  # the first name, kept working
 async def estimate_memory(
     body: EstimateRequest, settings: SettingsDep, caller: CallerDep, sessions: SessionFactoryDep
 ) -> EstimateResponse:
-    """The estimator's breakdown for a spec; with ``gpu_memory_gb``, also the planner's fitting list.
+    """The estimator's breakdown for a spec; with ``gpu_memory_gb``, also the planner's fitting list; with
+    ``train_rows``, the time and cost on ``queue``. (`/v1/estimates/memory` is its first name.)
 
     A spec of the documented shape can still be a 422 naming the field: its model must be one the
     estimator can build, its local paths must lie under the data root, and cross-field rules hold

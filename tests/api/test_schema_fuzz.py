@@ -54,7 +54,9 @@ STATEFUL_SCENARIOS = 30
 # Acceptance here depends on files, models and datasets on the server and on cross-field rules (a
 # usage period's `to` after its `from`), which no JSON schema can state: a well-formed request may be
 # refused with a 422 naming the field.
-STATE_DEPENDENT = [("POST", "/v1/jobs"), ("POST", "/v1/estimates/memory"), ("GET", "/v1/usage")]
+STATE_DEPENDENT = [
+    ("POST", "/v1/jobs"), ("POST", "/v1/estimates"), ("POST", "/v1/estimates/memory"), ("GET", "/v1/usage")
+]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]  # the default, plus 422
 # A multipart body carries text only: the "boolean" or "object" a negative case puts in a form part
 # arrives as the text `false` or `{}`, a valid name and a valid file, so type violations there cannot

@@ -117,9 +117,11 @@ def test_the_estimate_endpoint_times_a_spec_given_its_rows(on_a100: Settings, ke
     with TestClient(create_app(on_a100)) as client:
         submitted = dry_run_time(client, keys)  # preflight counts the 32 rows of make_spec's CSV
         body = {"spec": make_spec(), "train_rows": 32, "queue": "default"}
-        answer = client.post("/v1/estimates/memory", json=body, headers=keys.auth(keys.alice))
+        answer = client.post("/v1/estimates", json=body, headers=keys.auth(keys.alice))
         assert answer.status_code == 200, answer.text
         assert answer.json()["estimate"]["time"] == submitted
+        first_name = client.post("/v1/estimates/memory", json=body, headers=keys.auth(keys.alice))
+        assert first_name.json() == answer.json()  # the old name keeps working
         without = client.post("/v1/estimates/memory", json={"spec": make_spec()}, headers=keys.auth(keys.alice))
         assert "time" not in without.json()["estimate"]  # the estimator never reads the data itself
         for bad, field in (({"train_rows": 0}, "train_rows"), ({"train_rows": 8, "queue": "no queue"}, "queue")):

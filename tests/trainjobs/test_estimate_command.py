@@ -97,3 +97,14 @@ def test_an_auto_batch_is_estimated_as_chosen_for_the_budget(
     assert payload["fits"] is True and payload["total_bytes"] <= 12 * 1024**3
     assert main(["estimate", str(spec), "--gpu-memory", "12"]) == 0
     assert f"training.per_device_train_batch_size = {choice['value']}" in capsys.readouterr().out
+
+
+def test_the_time_part_is_the_services(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path, "distilbert-base-uncased")
+    assert main(["estimate", str(spec), "--train-rows", "1000"]) == 2  # no queue history here
+    assert "--train-rows" in capsys.readouterr().err
+    time = {"steps": 125, "train_samples": 3000, "tokens_per_sample": 128, "train_flops": 3e15, "eval_flops": 0.0,
+            "seconds": 620.0, "seconds_p10": 400.0, "seconds_p90": 950.0, "cost": 0.41}  # fmt: skip
+    lines = memory_table.render_time(time)
+    assert "125 steps, 3000 training samples of 128 positions, 3e+03 TFLOP" in lines[0]
+    assert lines[1] == "  predicted 620 s (p10-p90 400-950 s), cost 0.41"

@@ -67,6 +67,14 @@ def test_submit_follow_runs_to_success(service: LiveService, sentiment_files: di
     assert report["total"]["device_hours"] == pytest.approx(charged["device_hours"])
     table = service.cli("usage", "--group-by", "owner", *instant).stdout.splitlines()
     assert table[1].split()[:2] == ["admin", f"{charged['device_hours']:.4f}"]
+    # The service's time estimate from the CLI: the same count as the one stored with the job.
+    estimated = service.cli("estimate", str(spec_path), "--remote", "--json", "--train-rows",
+                            str(shown["estimate"]["time"]["train_samples"] // 2), "--eval-rows", "32")  # fmt: skip
+    assert estimated.returncode == 0, estimated.stderr
+    time = json.loads(estimated.stdout)["time"]
+    assert time["flops_per_train_sample"] == shown["estimate"]["time"]["flops_per_train_sample"]
+    assert time["train_samples"] == shown["estimate"]["time"]["train_samples"]  # 2 epochs of those rows
+    assert "time: " in service.cli("estimate", str(spec_path), "--remote", "--train-rows", "96").stdout
     logs = service.cli("jobs", "logs", job_id).stdout.splitlines()
     assert "status running" in logs[0] and "status succeeded" in logs[-1]
     assert any(" metric step=" in line and "loss=" in line for line in logs)

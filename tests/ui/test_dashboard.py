@@ -172,7 +172,7 @@ def test_submit_page_estimates_suggests_and_submits(
     assert json.loads(editor.input_value())["training"]["per_device_train_batch_size"] < 32
 
     # A bad field: the server's 422 names it; the page marks its line beside the text.
-    watch.expect_status("/v1/estimates/memory", 422)
+    watch.expect_status("/v1/estimates", 422)
     bad = tiny(files, "bad-rate", epochs=1)
     bad["training"]["learning_rate"] = -1
     editor.fill(json.dumps(bad, indent=2))

@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-device budget, e.g. 24GiB or 80GB; lists the settings that fit",
     )
     parser.add_argument("--devices", type=int, default=None, metavar="N", help="number of devices (DDP)")
+    parser.add_argument(
+        "--train-rows", type=int, default=None, metavar="N",
+        help="with --remote: the time and cost of training on N rows, on --queue (the service's calibration)",
+    )  # fmt: skip
+    parser.add_argument("--eval-rows", type=int, default=0, metavar="N", help="with --train-rows: rows evaluated")
+    parser.add_argument("--queue", default=None, help="with --train-rows: the queue to time it on")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--remote", action="store_true", help="ask the service ($TRAINJOBS_URL, $TRAINJOBS_API_KEY) instead"
@@ -77,7 +83,8 @@ def local_payload(spec_path: str, gpu_memory_gb: float | None, devices: int | No
 def remote_payload(args: argparse.Namespace) -> dict[str, Any]:
     """The service's estimate (and plan, with a budget) in the same shape as :func:`local_payload`."""
     with client_for(args) as client:
-        answer = client.estimate(args.spec, gpu_memory_gb=args.gpu_memory, devices=args.devices)
+        answer = client.estimate(args.spec, gpu_memory_gb=args.gpu_memory, devices=args.devices,
+                                 train_rows=args.train_rows, eval_rows=args.eval_rows, queue=args.queue)  # fmt: skip
     payload = dict(answer["estimate"])
     for part in ("plan", "auto"):
         if answer.get(part) is not None:
@@ -109,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the estimate; exit as :func:`fit_exit_code` says, or 2 for a spec or model that cannot be estimated."""
     if args.remote:
         return run_remote(args)
+    if args.train_rows is not None:  # the rate is learned from a queue's finished jobs: the service has them
+        print("error: --train-rows: the time estimate is the service's; add --remote", file=sys.stderr)
+        return 2
     from trainer_core.spec import SpecError
 
     try:

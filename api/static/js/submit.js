@@ -144,7 +144,7 @@ export async function mountSubmit(root, cloneId, signal) {
     const body = { spec: Object.fromEntries(Object.entries(spec).filter(([k]) => !NOT_SPEC.includes(k))),
       gpu_memory_gb: +gpu.value };
     try {
-      const answer = await request("/v1/estimates/memory", { method: "POST", json: body, signal });
+      const answer = await request("/v1/estimates", { method: "POST", json: body, signal });
       if (mine !== seq) return;
       showErrors([]);
       const { estimate, plan } = answer;
