@@ -11,9 +11,8 @@ predicted / actual train time for each. Goal: every ratio within 0.8-1.25 (stret
 Every run is the engine's (``trainer_core.run.train_job``, in this process, ``trainer`` backend, fp32,
 no evaluation). The text rows are longer than ``max_length``, and the causal-LM data is the varied
 prompt/completion set of ``bench_llm.py``, packed or padded as each spec says; the count takes each
-sample's positions from the data's own lengths as preflight does (``trainer_core/token_lengths.py``). Packing
-today flattens a batch into one sequence (attention over B*L positions, issue 25), and the count
-models that path.
+sample's positions from the data's own lengths as preflight does (``trainer_core/token_lengths.py``). Packed
+rows stay rows under eager/SDPA (attention B*L^2 a batch, issue 25), and the count models that path.
 
     .venv/bin/python bench/bench_time_estimate.py [--steps 30]
 """

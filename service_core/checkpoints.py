@@ -221,3 +221,40 @@ def job_checkpoints(artifacts_root: str, job_id: str) -> dict[int, StoredCheckpo
                        for path, info in sorted(files.items())]  # fmt: skip
             found[int(step_text)] = StoredCheckpoint(int(step_text), name, entries, taken)
     return dict(sorted(found.items()))
+
+
+# Files of a checkpoint that hold the optimizer's state: optimizer.pt (Trainer), optimizer.bin (accelerate).
+OPTIMIZER_PREFIX = "optimizer"
+
+
+def fetch_checkpoint(artifacts_root: str, job_id: str, step: int, dest: Path, *, with_optimizer: bool) -> Path:
+    """A copy of job ``job_id``'s checkpoint ``step`` (as :func:`job_checkpoints` finds it, on the store
+    or the root's own folders) in ``dest``, the optimizer state only ``with_optimizer``; kept when
+    already there (a restarted run's). Whole or not at all: it is copied beside ``dest`` and renamed.
+
+    For ``init_from`` (worker/execute.py): the new run reads its own copy, which the other job's
+    retention cannot delete under it. Raises :class:`CheckpointError` when the checkpoint is gone.
+    """
+    if dest.is_dir():
+        return dest
+    found = job_checkpoints(artifacts_root, job_id).get(step)
+    if found is None:
+        raise CheckpointError(f"job {job_id} no longer has a complete checkpoint at step {step}")
+    store = CheckpointStore(artifacts_root, job_id)
+    source = f"{posixpath.dirname(store.base)}/{found.folder}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".init-{step}-", dir=dest.parent))
+    try:
+        for entry in found.files:
+            if not with_optimizer and entry.path.startswith(OPTIMIZER_PREFIX):
+                continue
+            local = partial / clean_relative_path(entry.path)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                store.fs.get_file(f"{source}/{entry.path}", str(local))
+            except FileNotFoundError as exc:  # rotated away while it was copied
+                raise CheckpointError(f"job {job_id}'s checkpoint {step} lost {entry.path} as it was copied") from exc
+        partial.rename(dest)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return dest

@@ -36,7 +36,7 @@ from trainjobs.seaweedfs import SeaweedFS
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"
-    for name in ("lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume")
+    for name in ("init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume")
 )
 HEAVY_UNITS: dict[str, int] = {
     "tests/bench/test_gpu_check_smoke.py": 300,
@@ -65,7 +65,14 @@ def unit_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, heaviest units first (a stable sort: each unit keeps its tests' order)."""
+    """Each item its own node id; under xdist, heaviest units first (a stable sort: each unit keeps its
+    tests' order)."""
+    for item in items:
+        # schemathesis names each operation's item `test[GET /path]`, but on pytest 9 the node id lacks
+        # that suffix, so all 34 share one: xdist, which tells items apart by node id, ran one of them.
+        params = item.name.partition("[")[2].removesuffix("]")
+        if params and not item.nodeid.endswith("]"):
+            item._id = item._id.with_params(params)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # a serial run keeps the collection order
     slow = {unit_of(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}

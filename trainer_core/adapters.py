@@ -66,11 +66,11 @@ def _keep_training_layout(model: nn.Module) -> nn.Module:
     return model
 
 
-def _load_quantized(spec: JobSpec, config: PretrainedConfig) -> nn.Module:
+def _load_quantized(spec: JobSpec, config: PretrainedConfig, weights: str | None) -> nn.Module:
     cls = MODEL_CLASSES[spec.task]
     assert spec.adapter is not None
     quant, dtype = quantization_config(spec.adapter), frozen_base_dtype(spec)
-    if spec.model.config is not None:
+    if weights is None and spec.model.config is not None:
         # bitsandbytes quantises while weights load; a config-built model (seeded by the caller) has none
         # to load, so its random init is written once and read back quantised.
         with tempfile.TemporaryDirectory(prefix="trainjobs-qlora-") as tmp:
@@ -78,9 +78,9 @@ def _load_quantized(spec: JobSpec, config: PretrainedConfig) -> nn.Module:
             model: nn.Module = cls.from_pretrained(tmp, quantization_config=quant, dtype=dtype)
         return _keep_training_layout(model)
     model = cls.from_pretrained(
-        spec.model.name_or_path,
+        weights or spec.model.name_or_path,
         config=config,
-        revision=spec.model.revision,
+        revision=None if weights else spec.model.revision,
         ignore_mismatched_sizes=True,
         quantization_config=quant,
         dtype=dtype,
@@ -88,14 +88,15 @@ def _load_quantized(spec: JobSpec, config: PretrainedConfig) -> nn.Module:
     return _keep_training_layout(model)
 
 
-def build_base_model(spec: JobSpec, labels: list[str]) -> nn.Module:
-    """The base an adapter wraps: quantised for qlora, else at :func:`frozen_base_dtype`."""
+def build_base_model(spec: JobSpec, labels: list[str], weights: str | None = None) -> nn.Module:
+    """The base an adapter wraps: quantised for qlora, else at :func:`frozen_base_dtype`; ``weights``: a
+    checkpoint folder with full weights to load instead (``init_from``)."""
     from trainer_core.modeling import build_model
 
     assert spec.adapter is not None
     if spec.adapter.type == "qlora":
-        return _load_quantized(spec, resolve_config(spec.model, labels, spec.task))
-    return build_model(spec.task, spec.model, labels).to(frozen_base_dtype(spec))
+        return _load_quantized(spec, resolve_config(spec.model, labels, spec.task), weights)
+    return build_model(spec.task, spec.model, labels, weights).to(frozen_base_dtype(spec))
 
 
 def lora_config(spec: JobSpec, model: nn.Module) -> Any:

@@ -1,8 +1,9 @@
 """Run events: one JSON object per line, the contract between a training run and whoever watches it.
 
-Kinds (``event`` field): ``progress``, ``metric``, ``eval``, ``memory``, ``log``, ``checkpoint`` (a
-checkpoint complete on disk: its step, epoch and the last training loss), ``trackers`` (where the
-run's W&B / MLflow runs are: trainer_core/trackers.py) and ``done``. Every
+Kinds (``event`` field): ``progress``, ``metric``, ``eval``, ``memory``, ``log`` (a ``message``; the
+one saying how packed rows reach the model also carries ``packing``: ``rows`` or ``flattened``),
+``checkpoint`` (a checkpoint complete on disk: its step, epoch and the last training loss),
+``trackers`` (where the run's W&B / MLflow runs are: trainer_core/trackers.py) and ``done``. Every
 event carries ``time``, a UTC ISO-8601 timestamp. The worker parses these lines from the run's stdout;
 the CLI renders them as a progress bar. Only the main process emits.
 """

@@ -17,8 +17,10 @@ GPU Clusters", Sec. 5.1), extended to what adapters and checkpointing change:
   layer forward (``h`` = heads x head size, also under grouped-query attention: K/V heads are
   repeated), twice that backward: ``12*s*h`` a token and layer. The full square is counted, causal or
   not: eager and SDPA's math kernel (the CPU) compute it all.
-* **Packing** (causal-LM) flattens a batch of ``B`` packed rows into one sequence, so each position
-  attends over ``B*s`` keys: ``12*B*s*h`` a token and layer.
+* **Packing** (causal-LM) changes nothing here: under eager and SDPA a batch stays ``B`` rows of
+  ``s`` with a block-diagonal mask, whose masked scores are computed all the same (``12*s*h``); flash
+  attention's varlen kernels, fed one flattened sequence, attend within each example only, which the
+  full square bounds (trainer_core/data/packing.py).
 * **Gradient checkpointing** runs each layer's forward a second time during backward: one more
   forward of the layers (the all-linear Linears and attention; not the heads).
 * **Heads that read one position**: an encoder's pooler and classifier (BERT, ViT) run once per
@@ -96,11 +98,7 @@ def sample_flops(structure: ModelStructure, spec: JobSpec, tokens: int | None = 
     c = structure.config
     h = int(config_value(c, "hidden_size", "d_model", "n_embd", "dim"))
     layers = int(config_value(c, "num_hidden_layers", "n_layer", "n_layers"))
-    # Packing flattens a batch into one sequence (trainer_core/data/packing.py): under eager and SDPA's
-    # math kernel each position's scores then span the whole flattened batch, B x s keys, not s.
-    packed = spec.task == "causal-lm" and spec.preprocessing.packing
-    keys = s * spec.training.per_device_train_batch_size if packed else s
-    attention = 4 * s * keys * h * layers  # QK^T and AV, forward
+    attention = 4 * s * s * h * layers  # QK^T and AV, forward
     forward += attention
     backward += 2 * attention
     layers_forward += attention
@@ -108,8 +106,7 @@ def sample_flops(structure: ModelStructure, spec: JobSpec, tokens: int | None = 
     formula = (
         f"s={s}: Linear 2*in*out a token forward, backward 2*in*out (+ 2*in*out where the weight trains)"
         + (f", LoRA r={adapter.r} on {len(targets)} Linears 6*r*(in+out)" if adapter is not None else "")
-        + (f", attention 12*s*h a token x {layers} layers" if not packed
-           else f", attention 12*B*s*h a token x {layers} layers (packing: one sequence of B={keys // s} rows)")
+        + f", attention 12*s*h a token x {layers} layers"
         + (", + one forward of the layers (gradient checkpointing)" if recompute else "")
     )
     return SampleFlops(tokens=s, forward=forward, train=forward + backward + recompute, formula=formula)

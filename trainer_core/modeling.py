@@ -63,21 +63,22 @@ def resolve_config(model: ModelSpec, labels: list[str], task: Task | None = None
     return config
 
 
-def build_model(task: Task, model: ModelSpec, labels: list[str]) -> nn.Module:
+def build_model(task: Task, model: ModelSpec, labels: list[str], weights: str | None = None) -> nn.Module:
     """Instantiate the model for ``task``: pretrained weights when named, random init from a config.
 
     A pretrained checkpoint's own head is replaced when the label count differs
     (``ignore_mismatched_sizes``), as fine-tuning a classifier on new labels needs. ``labels`` is
-    ignored for ``causal-lm``. Adapters are put on by :mod:`trainer_core.adapters`.
+    ignored for ``causal-lm``. Adapters are put on by :mod:`trainer_core.adapters`. ``weights``: a
+    checkpoint folder to load instead (``init_from``, trainer_core/init_from.py), with this run's config.
     """
     cls = MODEL_CLASSES[task]
     config = resolve_config(model, labels, task)
-    if model.config is not None:
+    if weights is None and model.config is not None:
         return cls.from_config(config, dtype=MASTER_DTYPE)
     return cls.from_pretrained(
-        model.name_or_path,
+        weights or model.name_or_path,
         config=config,
-        revision=model.revision,
+        revision=None if weights else model.revision,
         ignore_mismatched_sizes=True,
         dtype=MASTER_DTYPE,
     )

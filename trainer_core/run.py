@@ -19,6 +19,7 @@ from trainer_core.checkpoint import newest_checkpoint, read_meta
 from trainer_core.deadline import deadline_guard
 from trainer_core.events import Event, EventSink, RunStatus, make_event
 from trainer_core.failures import failure_reason, failure_summary
+from trainer_core.init_from import init_source
 from trainer_core.nan_guard import nan_guard
 from trainer_core.oom_fault import install_oom_fault
 from trainer_core.path_guard import Reach, check_reach
@@ -58,6 +59,7 @@ def check_runnable(spec: JobSpec) -> None:
         if importlib.util.find_spec(TRACKER_PACKAGES[tracker]) is None:
             message = f"'{tracker}' is not installed on this machine (pip install '{TRACKER_INSTALLS[tracker]}')"
             raise SpecError([FieldError(f"training.report_to.{i}", message)])
+    init_source(spec)  # the checkpoint `init_from` names exists and fits, before any data is read
 
 
 def _reset_accelerate_state() -> None:

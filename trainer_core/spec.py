@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, model_validator
 from trainer_core.optimizers import OptimizerSpec
 from trainer_core.spec_adapter import AdapterSpec
 from trainer_core.spec_base import StrictModel, combination_error
+from trainer_core.spec_init_from import InitFromSpec
 from trainer_core.spec_integrations import IntegrationsSpec
 
 Task = Literal["text-classification", "image-classification", "audio-classification", "causal-lm"]
@@ -226,6 +227,25 @@ def higher_is_better(key: str, explicit: bool | None) -> bool:
     return explicit if explicit is not None else not key.endswith(("loss", "perplexity"))
 
 
+class CheckpointingSpec(StrictModel):
+    """The checkpoint settings in one section, as hosted fine-tuning APIs group them. Each is a
+    ``training`` field (named as 🤗 ``TrainingArguments`` names it), which is where the run reads it:
+    JobSpec copies them there. Giving one in both places with different values is refused."""
+
+    save_steps: int | None = Field(default=None, ge=1, description="`training.save_steps`.")
+    save_total_limit: int | None = Field(default=None, ge=1, description="`training.save_total_limit`.")
+    keep_best: bool | None = Field(default=None, description="`training.keep_best_checkpoint`.")
+    metric: EvalMetric | None = Field(default=None, description="`training.metric_for_best_model`.")
+    greater_is_better: bool | None = Field(default=None, description="`training.greater_is_better`.")
+
+
+# checkpointing.<field> -> training.<field>
+CHECKPOINTING_FIELDS = {
+    "save_steps": "save_steps", "save_total_limit": "save_total_limit", "keep_best": "keep_best_checkpoint",
+    "metric": "metric_for_best_model", "greater_is_better": "greater_is_better",
+}  # fmt: skip
+
+
 class EfficiencySpec(StrictModel):
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=4096)
     gradient_checkpointing: bool = False
@@ -302,6 +322,29 @@ class JobSpec(StrictModel):
     integrations: IntegrationsSpec | None = Field(
         default=None, description="W&B and MLflow settings for the trackers `training.report_to` names."
     )
+    init_from: InitFromSpec | None = Field(
+        default=None, description="Start from another run's checkpoint (its weights; the optimizer state if asked)."
+    )
+    checkpointing: CheckpointingSpec | None = Field(
+        default=None, description="Checkpoint settings in one section (each is also a `training` field)."
+    )
+
+    @model_validator(mode="after")
+    def _checkpointing_into_training(self) -> JobSpec:
+        """Before every other rule: the run, the estimator and the checks read these from ``training``."""
+        if self.checkpointing is None:
+            return self
+        given = {name: getattr(self.checkpointing, name) for name in self.checkpointing.model_fields_set}
+        moved = {}
+        for name, value in given.items():
+            target = CHECKPOINTING_FIELDS[name]
+            if target in self.training.model_fields_set and getattr(self.training, target) != value:
+                raise combination_error(
+                    f"checkpointing.{name}", f"training.{target} is {getattr(self.training, target)!r}: give it once"
+                )
+            moved[target] = value
+        self.training = TrainingSpec.model_validate({**self.training.model_dump(exclude_unset=True), **moved})
+        return self
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
@@ -310,7 +353,7 @@ class JobSpec(StrictModel):
                 "early_stopping", "needs evaluations: set training.eval_strategy to 'steps' or 'epoch'"
             )
         # The metrics that decide something must be ones the run's evaluations report.
-        deciding = [("training.metric_for_best_model", self.training.best_metric, self.training.keeps_best)]
+        deciding = [(self.written_as("metric_for_best_model"), self.training.best_metric, self.training.keeps_best)]
         if self.early_stopping is not None:
             deciding.append(("early_stopping.metric", self.early_stopping.key, True))
         known = self.evaluation_metrics()
@@ -350,6 +393,12 @@ class JobSpec(StrictModel):
             if getattr(self.integrations, tracker, None) is not None and tracker not in self.training.report_to:
                 raise combination_error(f"integrations.{tracker}", f"add '{tracker}' to training.report_to to use it")
         return self
+
+    def written_as(self, training_field: str) -> str:
+        """Where the spec gives a ``training`` field: its ``checkpointing`` name when it came from there."""
+        given = self.checkpointing.model_fields_set if self.checkpointing is not None else set()
+        alias = next((name for name, target in CHECKPOINTING_FIELDS.items() if target == training_field), None)
+        return f"checkpointing.{alias}" if alias in given else f"training.{training_field}"
 
     def global_batch(self) -> int:
         """Examples per optimizer step: micro-batch x gradient accumulation x processes."""

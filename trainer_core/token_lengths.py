@@ -10,8 +10,10 @@ the run does:
   them into micro-batches (simulated here on the rows, with the run's rule); without it a micro-batch
   is ``B`` rows drawn at random, whose longest has the order-statistics expectation
   ``sum_k L(k) x ((k/n)^B - ((k-1)/n)^B)`` over the sorted lengths ``L``.
-- **packing** (causal-LM) fills rows of ``max_length`` tokens: a sample is ``max_length`` positions and
-  there are ``sum(L) / max_length`` of them for the ``n`` rows read.
+- **packing** (causal-LM) packs the rows read as the run does (best-fit decreasing,
+  trainer_core/data/packing.py): a sample is a packed row, ``samples_per_row`` is packed rows over rows
+  read, and the packed rows are batched and padded as above (eager and SDPA keep a batch as ``B`` rows
+  padded to the longest; flash attention's flattened batch has no padding, so this bounds it).
 
 Text tasks with a named tokenizer only: a config-built model without one trains its tokenizer on the
 data when it runs, and image and audio samples have fixed sizes.
@@ -87,15 +89,18 @@ def sample_tokens(spec: JobSpec, lengths: list[int]) -> SampleTokens:
     lengths = [min(length, limit) for length in lengths if length > 0]
     if not lengths:
         return SampleTokens(float(limit), 1.0, 0)
+    samples = lengths
     if spec.task == "causal-lm" and spec.preprocessing.packing:
-        return SampleTokens(float(limit), sum(lengths) / (limit * len(lengths)), len(lengths))
+        from trainer_core.data.packing import best_fit_rows
+
+        samples = [sum(lengths[i] for i in row) for row in best_fit_rows(lengths, limit)]
     batch = spec.training.per_device_train_batch_size
     if spec.preprocessing.group_by_length:
         group = batch * spec.efficiency.gradient_accumulation_steps
-        tokens = _grouped_padding(lengths, batch, group)
+        tokens = _grouped_padding(samples, batch, group)
     else:
-        tokens = _random_padding(lengths, batch)
-    return SampleTokens(tokens, 1.0, len(lengths))
+        tokens = _random_padding(samples, batch)
+    return SampleTokens(tokens, len(samples) / len(lengths), len(lengths))
 
 
 def estimate_sample_tokens(spec: JobSpec, rows: Any) -> SampleTokens | None:

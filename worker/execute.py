@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service_core.artifacts import ArtifactStore
+from service_core.checkpoints import CheckpointError, fetch_checkpoint
 from service_core.datastore import FetchError, localize_spec
 from service_core.db.base import utcnow
 from service_core.db.jobstore import FencedOut, transition
@@ -114,18 +115,35 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
                 log.exception("job %s: sending jobs held by the running-jobs cap failed", job_id)
 
 
-def fetch_run_data(job_id: str, settings: Settings, spec: dict[str, Any], attempt: int) -> dict[str, Any] | RunOutcome:
+def fetch_run_data(job_id: str, settings: Settings, spec: dict[str, Any], attempt: int,
+                   paths: RunPaths) -> dict[str, Any] | RunOutcome:  # fmt: skip
     """The spec the run gets: data and models on an object-store ``DATA_ROOT`` fetched into this host's
-    cache (runs have no store credentials), or the job's failure naming the field. The lease is renewed
-    meanwhile: a first fetch of a large dataset may take longer than the lease."""
+    cache (runs have no store credentials), and the checkpoint ``init_from`` names copied into the work
+    dir; or the job's failure naming the field. The lease is renewed meanwhile: a first fetch of a
+    large dataset may take longer than the lease."""
     lease = LeaseKeeper(job_id, attempt, settings).start()
     try:
-        return localize_spec(spec, settings)
+        return fetch_init_from(localize_spec(spec, settings), settings, paths)
     except FetchError as exc:
         log.warning("job %s: %s", job_id, exc)
         return RunOutcome(JobStatus.failed, exc.reason, f"fetching the job's data failed: {exc}")
+    except CheckpointError as exc:
+        log.warning("job %s: init_from: %s", job_id, exc)
+        return RunOutcome(JobStatus.failed, ErrorReason.model_error, f"init_from.checkpoint: {exc}")
     finally:
         lease.stop()
+
+
+def fetch_init_from(spec: dict[str, Any], settings: Settings, paths: RunPaths) -> dict[str, Any]:
+    """``spec`` with ``init_from.path`` set to this run's copy of the checkpoint its ``job`` and step
+    name (the submit resolved `best` and `last` to a step); unchanged without ``init_from``."""
+    init = spec.get("init_from")
+    if not init or not init.get("job"):
+        return spec
+    parent, step = str(init["job"]), int(init["checkpoint"])
+    dest = paths.work_dir / "init_from" / f"{parent}-{step}"
+    fetch_checkpoint(settings.artifacts_root, parent, step, dest, with_optimizer=bool(init.get("resume_optimizer")))
+    return {**spec, "init_from": {**init, "path": str(dest)}}
 
 
 def execute_attempt(
@@ -136,7 +154,7 @@ def execute_attempt(
     attempt, spec, estimate, reach = claimed
     paths = run_paths(job_id, settings, reach)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
-    local_spec = fetch_run_data(job_id, settings, spec, attempt)
+    local_spec = fetch_run_data(job_id, settings, spec, attempt, paths)
     if isinstance(local_spec, RunOutcome):  # a data file or model folder on the store could not be fetched
         failed = local_spec
         return retry_database(lambda: record_outcome(job_id, settings, failed, attempt), f"job {job_id}: outcome")

@@ -21,16 +21,13 @@ from api.problems import Problem
 from api.routes.downloads import zip_stream
 from api.schemas.common import MAX_INT64, problem_responses
 from api.schemas.jobs import CheckpointList, CheckpointOut
-from service_core.checkpoints import StoredCheckpoint, job_checkpoints
+from service_core.checkpoints import OPTIMIZER_PREFIX, StoredCheckpoint, job_checkpoints
 from service_core.db.models import Job, MetricPoint
 from trainer_core.checkpoint import CHECKPOINT_PREFIX
 from trainer_core.spec import TrainingSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["checkpoints"], responses=problem_responses(401, 404, 422))
 
-# The optimizer's state, left out of a download unless asked for: optimizer.pt (Trainer), optimizer.bin
-# (accelerate). Weights, config, tokenizer and the small scheduler/RNG files stay.
-OPTIMIZER_PREFIX = "optimizer"
 LOSS = "loss"
 
 
@@ -113,6 +110,7 @@ def download_checkpoint(
     if ckpt is None:
         message = f"job {job.id} has no complete checkpoint at step {step}"
         raise Problem(404, message, errors=[{"field": "step", "message": message}])
+    # Weights, config, tokenizer and the small scheduler/RNG files; the optimizer state only when asked.
     files = [e.path for e in ckpt.files if with_optimizer or not e.path.startswith(OPTIMIZER_PREFIX)]
     name = f"{CHECKPOINT_PREFIX}{step}"
     paths, names = [f"{ckpt.folder}/{path}" for path in files], [f"{name}/{path}" for path in files]

@@ -34,6 +34,7 @@ from api.estimation import (
     with_cost,
 )
 from api.idempotency import Idempotency, IdempotencyKeyHeader, KeyTaken, exit_if_asked, fingerprint
+from api.init_from import resolve_init_from
 from api.paths import check_spec_locations, readable_here, resolve_uploaded_dataset, store_root
 from api.preflight import run_preflight
 from api.problems import Problem
@@ -53,6 +54,8 @@ from trainer_core.spec_integrations import tracking_uri_problem
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 404, 422))
+# The jobs started from one job's checkpoints that it lists (`continued_by`, the oldest first).
+MAX_CONTINUED = 100
 
 
 @router.post(
@@ -122,6 +125,7 @@ def checked_spec(
     if uri is not None and (problem := tracking_uri_problem(uri, allow_private=settings.allow_private_targets)):
         raise SpecError([FieldError("integrations.mlflow.tracking_uri", problem)])
     spec = runtime_limited(spec, settings.max_job_hours)
+    spec = resolve_init_from(spec, sessions, settings, caller)  # before preflight: a refusal costs nothing
     queue = body.queue or settings.default_queue
     dataset_id = None
     if spec.dataset.id is not None:
@@ -188,7 +192,7 @@ def create_job(
         "spec": spec.model_dump(mode="json", exclude_unset=True), "estimate": estimate, "dataset_id": dataset_id,
         "created_at": now, "enqueued_at": now, "reads_all_uploads": caller.is_admin,
         "devices": spec.resources.num_processes, "price_per_device_hour": settings.queue_prices.get(queue),
-        "auto_choices": auto or None,
+        "auto_choices": auto or None, "init_from_job": spec.init_from.job if spec.init_from else None,
     }  # fmt: skip
     try:
         job = store_job(engine, settings, values, keyed, request)
@@ -277,6 +281,8 @@ def list_jobs(
 def get_job(job: OwnedJob, session: SessionDep) -> JobOut:
     """Status, progress, latest and final metrics, estimated and measured memory, error, retries, timestamps."""
     out = JobOut.from_job(job)
+    continued = select(Job.id).where(Job.init_from_job == job.id).order_by(Job.created_at, Job.id)
+    out.continued_by = list(session.execute(continued.limit(MAX_CONTINUED)).scalars())
     retries = select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == "retry").order_by(JobEvent.seq)
     out.retries = [dict(data) for data in session.execute(retries).scalars()]
     return out

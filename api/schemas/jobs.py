@@ -157,6 +157,14 @@ class TrackerLink(BaseModel):
     dir: str | None = Field(default=None, description="W&B only: the run's files on the worker (`wandb sync` them).")
 
 
+class StartedFromOut(BaseModel):
+    """Where a job started: another job's checkpoint."""
+
+    job: str
+    checkpoint: int = Field(description="The step of the checkpoint it started from.")
+    url: str
+
+
 class JobOut(JobSummary):
     """One job, with the spec it runs (as stored: locations resolved)."""
 
@@ -167,12 +175,23 @@ class JobOut(JobSummary):
     auto: list[AutoChoiceOut] | None = Field(
         default=None, description="The values the service chose at submit for fields written `auto`, with why."
     )
+    started_from: StartedFromOut | None = Field(
+        default=None, description="The job and checkpoint this one started from (`init_from`, the step resolved)."
+    )
+    continued_by: list[str] = Field(
+        default_factory=list, description="The jobs started from this job's checkpoints, oldest first (up to 100)."
+    )
 
     @classmethod
     def from_job(cls, job: Job) -> Self:
         links = {name: TrackerLink.model_validate(link) for name, link in (job.tracker_links or {}).items()}
         auto = [AutoChoiceOut.model_validate(choice) for choice in job.auto_choices or []] or None
-        return cls(**summary_fields(job), spec=job.spec, tracker_links=links or None, auto=auto)
+        init = job.spec.get("init_from") or {}
+        started = None
+        if (source := job.init_from_job) is not None:
+            started = StartedFromOut(job=source, checkpoint=int(init["checkpoint"]), url=f"/v1/jobs/{source}")
+        return cls(**summary_fields(job), spec=job.spec, tracker_links=links or None, auto=auto, started_from=started)
+
 
 
 def summary_fields(job: Job) -> dict[str, Any]:

@@ -122,6 +122,8 @@ class Job(Base):
     tracker_links: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     # What `auto` chose at submit: [{"field", "value", "why"}] (trainer_core/auto.py); None when nothing was auto.
     auto_choices: Mapped[list[Any] | None] = mapped_column(default=None)
+    # The job whose checkpoint this one started from (spec `init_from.job`); that job lists this one.
+    init_from_job: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
 
 
 class JobTotal(Base):

@@ -14,10 +14,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainer_core.llm_data import lm_spec, write_lm_jsonl, write_lm_tokenizer
 from tests.trainer_core.memory.llm_models import LLM_CONFIGS
-from trainer_core.backends.common import build_training_model
+from trainer_core.backends.common import build_training_model, collator_for
 from trainer_core.data import PreparedData, prepare_data
 from trainer_core.data.causal_lm import IGNORE_INDEX, LMEncoder
-from trainer_core.data.packing import packing_error
+from trainer_core.data.packing import PackedCollator, packing_error
+from trainer_core.events import EventCollector
 from trainer_core.modeling import config_from_dict
 from trainer_core.preflight import PreflightError, preflight
 from trainer_core.spec import SpecError, parse_spec
@@ -213,20 +214,35 @@ def test_packed_rows_keep_each_examples_positions(tmp_path: Path, tokenizer_dir:
     packed = _data(tmp_path, "prompt-completion", tokenizer_dir, packing=True)
     plain = _data(tmp_path, "prompt-completion", tokenizer_dir)
     assert len(packed.train) < len(plain.train) and max(packed.train["length"]) <= 64
-    examples = iter(plain.train)
+    # Best-fit decreasing reorders the examples: compare them as a multiset.
+    segments: list[tuple[list[int], list[int]]] = []
     for row in packed.train:
         starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [row["length"]]
         for a, b in itertools.pairwise(starts):
-            example = next(examples)
-            assert row["input_ids"][a:b] == example["input_ids"]
             assert row["position_ids"][a:b] == list(range(b - a))
-            assert row["labels"][a:b] == [IGNORE_INDEX, *example["labels"][1:]]
-    assert next(examples, None) is None, "every example is packed, once"
+            segments.append((row["input_ids"][a:b], row["labels"][a:b]))
+    expected = [(e["input_ids"], [IGNORE_INDEX, *e["labels"][1:]]) for e in plain.train]
+    assert sorted(segments) == sorted(expected), "every example is packed, once"
 
 
 def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
     with torch.no_grad():
         return float(model(**batch).loss)
+
+
+def _fullest_rows(packed: PreparedData, n: int = 3) -> list[dict[str, Any]]:
+    """The ``n`` rows holding the most examples (best-fit decreasing opens rows with the longest)."""
+    return sorted(packed.train, key=lambda row: -row["position_ids"].count(0))[:n]
+
+
+def _examples_of(packed: PreparedData, plain: PreparedData, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The unpacked rows of the examples ``rows`` hold (the plain data's rows, matched by tokens)."""
+    by_ids = {tuple(r["input_ids"]): r for r in plain.train}
+    out = []
+    for row in rows:
+        starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [row["length"]]
+        out += [by_ids[tuple(row["input_ids"][a:b])] for a, b in itertools.pairwise(starts)]
+    return out
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
@@ -235,25 +251,34 @@ def test_packed_batch_has_the_same_loss_as_the_examples_unpadded(
     chat_packed_and_plain: tuple[PreparedData, PreparedData], arch: str, attn: str
 ) -> None:
     packed, plain = chat_packed_and_plain
-    rows = [packed.train[i] for i in range(3)]
-    n_examples = sum(r["position_ids"].count(0) for r in rows)
-    assert n_examples > len(rows), "rows must hold several examples each"
+    rows = _fullest_rows(packed)
+    assert len({r["length"] for r in rows}) > 1, "rows of different lengths: the row path pads"
+    examples = _examples_of(packed, plain, rows)
+    assert len(examples) > len(rows), "rows must hold several examples each"
     torch.manual_seed(0)
     # Larger initial weights than the default 0.02 make attention matter, so a leak would show.
     config = config_from_dict({**LLM_CONFIGS[arch], "initializer_range": 0.2})
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
     # As in training: with a cache, transformers does not look for packed sequences (see packing.py).
     model.config.use_cache = False
+    assert isinstance(packed.collator, PackedCollator)
+    unpacked = _loss(model, plain.collator(examples))
 
-    flat = packed.collator(rows)
+    collator = packed.collator.for_model(model.config)
+    batch = collator(rows)
+    assert collator.layout == "rows" and batch["input_ids"].shape == (3, max(r["length"] for r in rows))
+    width = batch["input_ids"].shape[1]
+    assert batch["attention_mask"].shape == (3, 1, width, width)
+    assert _loss(model, batch) == pytest.approx(unpacked, rel=1e-5, abs=1e-6)
+    # Flash attention's path, one flattened sequence, gives the same loss too (transformers finds the
+    # boundaries from position_ids under eager and SDPA as well).
+    flat = PackedCollator(packed.collator.pad_token_id, "flash_attention_2")(rows)
     assert set(flat) == {"input_ids", "labels", "position_ids"} and flat["input_ids"].shape[0] == 1
-    unpacked = plain.collator([plain.train[i] for i in range(n_examples)])
-    assert _loss(model, flat) == pytest.approx(_loss(model, unpacked), rel=1e-5, abs=1e-6)
-    # The check has teeth: with leaking attention the losses differ.
-    # Positions that run on through each packed row let its examples attend to each other.
-    running = torch.cat([torch.arange(len(r["input_ids"])) for r in rows]).unsqueeze(0)
-    leaky = {**flat, "position_ids": running}
-    assert abs(_loss(model, leaky) - _loss(model, unpacked)) > 1e-2
+    assert _loss(model, flat) == pytest.approx(unpacked, rel=1e-5, abs=1e-6)
+    # The check has teeth: with leaking attention the losses differ. A plain causal mask over each
+    # packed row (its padding masked) lets the row's examples attend to each other.
+    leaky = {**batch, "attention_mask": plain.collator(rows)["attention_mask"]}
+    assert abs(_loss(model, leaky) - unpacked) > 1e-2
 
 
 @pytest.mark.parametrize("adapter", [None, {"type": "lora", "r": 4, "alpha": 8, "dropout": 0.0}])
@@ -263,13 +288,15 @@ def test_the_engines_training_model_keeps_packed_examples_apart(
     """The model both backends train (build_training_model, in training mode) must see a packed row as
     separate examples: the Accelerate loop has no Trainer to turn the KV cache off for it."""
     packed, plain = chat_packed_and_plain
-    rows = [packed.train[i] for i in range(3)]
-    n_examples = sum(r["position_ids"].count(0) for r in rows)
+    rows = _fullest_rows(packed)
     spec = lm_spec({"train": "unused.jsonl"}, tokenizer_dir, preprocessing={"max_length": 64, "packing": True})
     spec["model"]["config"] = {**LLM_CONFIGS["llama"], "initializer_range": 0.2}
     if adapter is not None:
         spec["adapter"] = adapter
     model = build_training_model(parse_spec(spec), [])
     model.train()  # as the backends run it (the tiny Llama has no dropout, so the loss is deterministic)
-    unpacked = plain.collator([plain.train[i] for i in range(n_examples)])
-    assert _loss(model, packed.collator(rows)) == pytest.approx(_loss(model, unpacked), rel=1e-5)
+    events = EventCollector()
+    collator = collator_for(packed.collator, model, events)
+    assert [e["packing"] for e in events.of_kind("log")] == ["rows"]  # transformers' default: SDPA
+    unpacked = plain.collator(_examples_of(packed, plain, rows))
+    assert _loss(model, collator(rows)) == pytest.approx(_loss(model, unpacked), rel=1e-5)

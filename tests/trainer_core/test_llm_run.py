@@ -23,7 +23,8 @@ TRAINING = {"max_steps": 4, "per_device_train_batch_size": 4, "logging_steps": 1
     ("backend", "adapter", "packing"),
     [
         ("trainer", {"type": "qlora", "r": 8, "compute_dtype": "fp32"}, True),
-        ("accelerate", {"type": "lora", "r": 8, "merge": True}, False),
+        ("accelerate", {"type": "lora", "r": 8, "merge": True}, True),
+        ("accelerate", {"type": "lora", "r": 8}, False),
     ],
 )
 def test_chat_sft_with_an_adapter_writes_adapter_tokenizer_and_merge(
@@ -40,6 +41,8 @@ def test_chat_sft_with_an_adapter_writes_adapter_tokenizer_and_merge(
     losses = logged_losses(events)
     assert losses[-1] < losses[0], losses
     assert set(events.of_kind("eval")[-1]["values"]) == {"eval_loss", "eval_perplexity"}
+    # Both backends bind the packed collator to the model (SDPA here: rows with a block-diagonal mask).
+    assert [e["packing"] for e in events.of_kind("log") if "packing" in e] == (["rows"] if packing else [])
     assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
     assert not (out / "model.safetensors").exists()  # the adapter, not a copy of the base
     assert AutoTokenizer.from_pretrained(out).chat_template == CHAT_TEMPLATE

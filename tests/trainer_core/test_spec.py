@@ -280,3 +280,33 @@ def test_the_run_accepts_causal_lm_at_validation() -> None:
     from trainer_core.run import check_runnable
 
     check_runnable(parse_spec({**LLM, "adapter": None}))  # raises SpecError if refused
+
+
+def test_the_checkpointing_section_sets_the_training_fields_the_run_reads() -> None:
+    doc = copy.deepcopy(EXAMPLE)
+    del doc["training"]["save_steps"], doc["training"]["save_total_limit"]
+    doc["checkpointing"] = {"save_steps": 20, "save_total_limit": 1, "keep_best": True, "metric": "accuracy",
+                            "greater_is_better": True}  # fmt: skip
+    training = parse_spec(doc).training
+    assert (training.save_steps, training.save_total_limit, training.keep_best_checkpoint) == (20, 1, True)
+    assert (training.best_metric, training.best_higher_is_better, training.keeps_best) == ("eval_accuracy", True, True)
+    stored = parse_spec(doc).model_dump(mode="json", exclude_unset=True)
+    assert parse_spec(stored).training == training  # a stored spec (both places, equal) reads back the same
+    doc["training"]["save_steps"] = 30
+    assert error_fields(doc) == ["checkpointing.save_steps"]  # given twice, differently
+    doc["training"]["save_steps"] = 20
+    doc["checkpointing"]["metric"] = "bleu"
+    assert error_fields(doc) == ["checkpointing.metric"]  # named where it was written
+    doc["checkpointing"] = {"save_steps": 0}
+    assert error_fields(doc) == ["checkpointing.save_steps"]
+
+
+@pytest.mark.parametrize(
+    ("init_from", "field"),
+    [({}, "init_from.job"), ({"job": "a/b"}, "init_from.job"),
+     ({"job": "abc", "checkpoint": -1}, "init_from.checkpoint"),
+     ({"job": "abc", "checkpoint": "first"}, "init_from.checkpoint"), ({"path": "x", "extra": 1}, "init_from.extra")],
+)  # fmt: skip
+def test_init_from_names_a_job_or_a_path(init_from: dict[str, Any], field: str) -> None:
+    assert error_fields({**EXAMPLE, "init_from": init_from}) == [field]
+    assert parse_spec({**EXAMPLE, "init_from": {"job": "abc"}}).init_from.checkpoint == "last"  # type: ignore[union-attr]

@@ -40,14 +40,17 @@ def test_random_batches_pad_to_the_expected_longest_of_the_draw() -> None:
     assert sample_tokens(spec, [5, 5, 5]).tokens == pytest.approx(5)
 
 
-def test_packing_fills_rows_of_max_length() -> None:
+def test_packing_counts_the_rows_best_fit_decreasing_packs_and_their_padding() -> None:
     packed = parse_spec({
         "name": "lm", "task": "causal-lm", "model": {"name_or_path": "/models/llama"},
         "dataset": {"path": "json", "data_files": {"train": "/data/lm.json"}},
         "preprocessing": {"max_length": 64, "packing": True},
     })  # fmt: skip
-    counted = sample_tokens(packed, [10, 20, 30, 200])  # 200 is cut to 64
-    assert (counted.tokens, counted.samples_per_row) == (64.0, pytest.approx((10 + 20 + 30 + 64) / (64 * 4)))
+    # 200 is cut to 64 and fills a row; best-fit decreasing puts 30, 20 and 10 in a second one, of 60.
+    counted = sample_tokens(packed, [10, 20, 30, 200])
+    assert counted.samples_per_row == 2 / 4
+    # Length-grouped batches of B=8 packed rows pad to their longest: both rows share one, of 64.
+    assert counted.tokens == 64.0
 
 
 def test_the_real_tokenizer_counts_and_preflight_reports_them(minilm_path: Path, tmp_path: Path) -> None:

@@ -145,3 +145,24 @@ def test_a_checkpoint_completed_during_the_run_appears_without_reload_or_polling
     page.click("nav.tabs a[data-tab=charts]")
     page.wait_for_function(f"() => JSON.parse(document.querySelector('[data-chart=loss]').dataset.markers)"
                            f".includes({rows[-1]})")  # fmt: skip
+
+
+def test_a_job_continued_from_a_checkpoint_links_both_ways(page: Page, dev: DevService, files: dict[str, str],
+                                                           finished: str, shot: Shot) -> None:  # fmt: skip
+    """``init_from``: the child's page links its parent at the checkpoint's step, and the parent's its child."""
+    init_from = {"job": finished, "checkpoint": "best"}
+    child_spec = {**spec(files, "continued", max_steps=1, eval_strategy="no"), "init_from": init_from}
+    child = client(dev).submit(child_spec)["id"]
+    done = wait_for_job(client(dev), child, lambda j: j["finished_at"] is not None, timeout=300)
+    assert done["status"] == "succeeded", done["error"]
+    (best,) = [item["step"] for item in checkpoints(dev, finished)["items"] if item["is_best"]]
+    log_in(page, dev, f"#/jobs/{child}")
+    parent = page.locator(f"[data-lineage] [data-started-from='{finished}']")
+    expect(parent).to_contain_text(f"{finished} at checkpoint {best}")
+    shot(page, "job-lineage", full_page=False)
+    parent.locator("a").click()
+    expect(page.locator(".job-header h2")).to_contain_text("checkpoints-done")
+    children = page.locator("[data-lineage] [data-continued-by] a")
+    expect(children).to_have_text([child])
+    children.first.click()
+    expect(page.locator(".job-header h2")).to_contain_text("continued")

@@ -30,11 +30,13 @@ from trainer_core.backends.common import (
     batches_per_epoch,
     build_scheduler,
     build_training_model,
+    collator_for,
     column_lengths,
     eval_values,
     plan_steps,
     save_final_extras,
     save_processor,
+    start_optimizer,
     train_summary,
 )
 from trainer_core.backends.context import BackendResult, RunContext
@@ -51,7 +53,7 @@ def _without_lengths(dataset: Dataset) -> tuple[Dataset, list[int] | None]:
     return (dataset if lengths is None else dataset.remove_columns(LENGTH_COLUMN)), lengths
 
 
-def _dataloaders(ctx: RunContext) -> tuple[DataLoader, DataLoader | None]:
+def _dataloaders(ctx: RunContext, collator: Any) -> tuple[DataLoader, DataLoader | None]:
     spec, data = ctx.spec, ctx.data
     train_ds, lengths = _without_lengths(data.train)
     group = spec.training.per_device_train_batch_size * spec.efficiency.gradient_accumulation_steps
@@ -59,7 +61,7 @@ def _dataloaders(ctx: RunContext) -> tuple[DataLoader, DataLoader | None]:
         len(train_ds), spec.training.seed, group, lengths if spec.preprocessing.group_by_length else None
     )
     common: dict[str, Any] = {
-        "collate_fn": data.collator,
+        "collate_fn": collator,
         "num_workers": spec.training.dataloader_num_workers,
         "pin_memory": torch.cuda.is_available(),
     }
@@ -260,9 +262,11 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     )
     if trackers:
         accelerator.init_trackers("runs", config={"spec": spec.model_dump_json()})
-    model = build_training_model(spec, ctx.data.labels)
+    fresh = ctx.resume_from is None
+    model = build_training_model(spec, ctx.data.labels, fresh=fresh)
     optimizer = build_optimizer(model, spec.optimizer, t.learning_rate, t.weight_decay)
-    train_dl, eval_dl = _dataloaders(ctx)
+    start_optimizer(spec, optimizer, fresh)
+    train_dl, eval_dl = _dataloaders(ctx, collator_for(ctx.data.collator, model, ctx.emit))
     model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)

@@ -23,8 +23,10 @@ from transformers import get_scheduler, set_seed
 from trainer_core.best_checkpoint import META_KEY as BEST_META_KEY
 from trainer_core.best_checkpoint import BestCheckpoint
 from trainer_core.checkpoint import read_meta
+from trainer_core.data.packing import PackedCollator
 from trainer_core.early_stopping import EarlyStopper
 from trainer_core.events import EventSink, make_event
+from trainer_core.init_from import init_source, load_adapter, load_optimizer_state
 from trainer_core.memory_report import memory_event
 from trainer_core.modeling import build_model
 from trainer_core.spec import JobSpec
@@ -39,30 +41,44 @@ def column_lengths(dataset: Dataset) -> list[int] | None:
     return [int(n) for n in dataset[LENGTH_COLUMN]]
 
 
-def build_training_model(spec: JobSpec, labels: list[str]) -> nn.Module:
+def build_training_model(spec: JobSpec, labels: list[str], *, fresh: bool = True) -> nn.Module:
     """The model, seeded first so a random init is reproducible, with gradient checkpointing if asked.
 
-    With ``spec.adapter`` it is the PEFT model over a frozen (for qlora, 4-bit) base.
+    With ``spec.adapter`` it is the PEFT model over a frozen (for qlora, 4-bit) base. With ``init_from``
+    it starts from that checkpoint (trainer_core/init_from.py); ``fresh``: not resuming its own checkpoint.
     """
     set_seed(spec.training.seed)
     checkpointing = spec.efficiency.gradient_checkpointing
+    source = init_source(spec)
+    weights = source.full_weights if source is not None else None
     if spec.adapter is not None:
         from trainer_core.adapters import build_base_model, with_adapter
         from trainer_core.lm_preflight import check_adapter_targets
 
         check_adapter_targets(spec)  # a field error, where PEFT would fail with a ValueError
-        model = with_adapter(spec, build_base_model(spec, labels), checkpointing)
+        model = with_adapter(spec, build_base_model(spec, labels, weights), checkpointing)
+        if source is not None and source.adapter is not None and fresh:
+            load_adapter(model, source)
     else:
-        model = build_model(spec.task, spec.model, labels)
+        model = build_model(spec.task, spec.model, labels, weights)
         if checkpointing:
             # Non-reentrant checkpointing works with frozen inputs and autocast; the reentrant kind does not.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
     if spec.task == "causal-lm":
         # Training needs no KV cache, and with one transformers does not look for packed sequences, so
-        # a packed row's examples would attend to each other (trainer_core/data/packing.py). Trainer
+        # a flattened packed batch's examples would attend to each other (trainer_core/data/packing.py). Trainer
         # sets this from its arguments; the Accelerate loop has no one else to do it.
         model.config.use_cache = False  # type: ignore[union-attr]
     return model
+
+
+def start_optimizer(spec: JobSpec, optimizer: torch.optim.Optimizer, fresh: bool) -> None:
+    """``init_from.resume_optimizer``: the checkpoint's optimizer state, on a fresh start only (a resume
+    loads its own)."""
+    if fresh and spec.init_from is not None and spec.init_from.resume_optimizer:
+        source = init_source(spec)
+        assert source is not None
+        load_optimizer_state(optimizer, source)
 
 
 def backend_trackers(spec: JobSpec) -> list[str]:
@@ -244,3 +260,15 @@ def save_final_extras(spec: JobSpec, model: nn.Module, processor: Any, output_di
     merged = model.merge_and_unload()  # type: ignore[operator]
     merged.save_pretrained(str(output_dir / MERGED_DIR))
     save_processor(processor, output_dir / MERGED_DIR)
+
+
+def collator_for(collator: Any, model: nn.Module, emit: EventSink) -> Any:
+    """The data's collator for ``model``: packed causal-LM rows are collated for its attention
+    implementation (rows with a block-diagonal mask, or one flattened sequence under flash attention:
+    trainer_core/data/packing.py), and a ``log`` event with a ``packing`` field says which ran."""
+    if not isinstance(collator, PackedCollator):
+        return collator
+    bound = collator.for_model(model.config)  # type: ignore[arg-type]
+    message = f"packing: {bound.layout} ({bound.attn_implementation} attention)"
+    emit(make_event("log", message=message, packing=bound.layout))
+    return bound

@@ -31,11 +31,13 @@ from trainer_core.backends.common import (
     batches_per_epoch,
     build_scheduler,
     build_training_model,
+    collator_for,
     column_lengths,
     eval_values,
     plan_steps,
     save_final_extras,
     save_processor,
+    start_optimizer,
     train_summary,
     world_size,
 )
@@ -194,8 +196,10 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     """Train ``ctx.spec`` with 🤗 Trainer, passing trainjobs' optimizer and scheduler."""
     spec, data = ctx.spec, ctx.data
     args = training_arguments(ctx)
-    model = build_training_model(spec, data.labels)
+    fresh = ctx.resume_from is None
+    model = build_training_model(spec, data.labels, fresh=fresh)
     optimizer = build_optimizer(model, spec.optimizer, spec.training.learning_rate, spec.training.weight_decay)
+    start_optimizer(spec, optimizer, fresh)
     lengths = column_lengths(data.train) if spec.preprocessing.group_by_length else None
     eval_lengths = column_lengths(data.eval) if data.eval is not None else None
     plan = plan_steps(spec, batches_per_epoch(len(data.train), args.per_device_train_batch_size, world_size()))
@@ -211,7 +215,7 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     trainer = _SeededOrderTrainer(
         model=model,
         args=args,
-        data_collator=data.collator,
+        data_collator=collator_for(data.collator, model, ctx.emit),
         train_dataset=data.train,
         eval_dataset=data.eval,
         compute_metrics=None if language_model else metrics_fn,

@@ -23,6 +23,7 @@ from typing import Any
 from datasets import Dataset, load_from_disk
 
 from trainer_core.data.causal_lm import LM_ENCODING_RECIPE
+from trainer_core.data.packing import PACKING_RECIPE
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, DatasetSpec, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ def cache_key(spec: JobSpec, processor_identity: dict[str, Any]) -> str:
         # group_by_length changes batching, not the preprocessed rows.
         "preprocessing": spec.preprocessing.model_dump(exclude={"group_by_length"}),
     }
+    if spec.task == "causal-lm" and spec.preprocessing.packing:  # unpacked keys stay as they were
+        parts["packing"] = PACKING_RECIPE
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -43,10 +43,12 @@ class PreparedData:
     For ``task: causal-lm`` the rows hold ``input_ids``, ``labels`` (a list as long as ``input_ids``,
     -100 on tokens the loss skips) and ``length``; packed rows (``preprocessing.packing``) also hold
     ``position_ids`` restarting at 0 per example. The collator returns ``input_ids``, ``labels`` and
-    ``attention_mask`` padded to the batch's longest row (pad id, -100, 0), or, packed, one flattened
-    ``[1, total_tokens]`` sequence of ``input_ids``, ``labels`` and ``position_ids`` with no attention
-    mask. ``labels`` (the class names) is then empty: there are no classes. ``processor`` is the
-    tokenizer, with an eos and a padding token set (pad = eos when it had none) and its chat template.
+    ``attention_mask`` padded to the batch's longest row (pad id, -100, 0); packed, it is a
+    :class:`~trainer_core.data.packing.PackedCollator` that the backends bind to the model
+    (``for_model``): padded rows with ``position_ids`` and a 4D block-diagonal mask, or under flash
+    attention one flattened ``[1, total_tokens]`` sequence without a mask. ``labels`` (the class
+    names) is then empty: there are no classes. ``processor`` is the tokenizer, with an eos and a
+    padding token set (pad = eos when it had none) and its chat template.
     """
 
     train: datasets.Dataset

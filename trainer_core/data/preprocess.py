@@ -15,7 +15,7 @@ from trainer_core.data.audio import AudioCollator, AudioEncoder, load_feature_ex
 from trainer_core.data.causal_lm import LMCollator
 from trainer_core.data.image import ImageCollator, ImageEncoder, load_image_processor
 from trainer_core.data.loading import spec_error
-from trainer_core.data.packing import FlatteningCollator
+from trainer_core.data.packing import PackedCollator
 from trainer_core.data.text import (
     TextCollator,
     TextEncoder,
@@ -113,9 +113,11 @@ def make_encoder(spec: JobSpec, processor: Any, label_to_id: Mapping[Any, int]) 
 
 
 def make_collator(task: str, processor: Any, *, packing: bool = False) -> Collator:
-    """Dynamic padding for text and audio; stacking for images; flattening for packed causal-lm rows."""
+    """Dynamic padding for text and audio; stacking for images; for packed causal-lm rows a
+    :class:`PackedCollator` the backends bind to the model's attention implementation."""
     if task == "causal-lm":
-        return FlatteningCollator() if packing else LMCollator(int(processor.pad_token_id))
+        pad = int(processor.pad_token_id)
+        return PackedCollator(pad) if packing else LMCollator(pad)
     if task == "text-classification":
         return TextCollator(processor)
     if task == "image-classification":

@@ -17,6 +17,13 @@ also covers what the paper's model does not have (each generalisation reduces to
   matrix: SDPA on CUDA dispatches to the flash / memory-efficient kernels. The estimate assumes a CUDA
   device; eager attention (DeBERTa-v2, or SDPA's math fallback on the CPU) stores it.
 
+Packing (causal-LM) keeps a batch as ``b`` rows of ``s`` under eager and SDPA, plus its 4D
+block-diagonal mask (trainer_core/data/packing.py): eager adds one fp32 ``b*s^2`` mask. SDPA takes a
+bool mask, which each layer's kernel converts to the compute dtype and keeps for backward
+(``b*s^2*(1 + L*w)``), and with a mask transformers repeats K/V to every head (``use_gqa_in_sdpa``), so
+K and V count at full width. Measured on the CPU against autograd's saved tensors (fp32 and bf16).
+Flash attention's flattened batch has no mask and counts as unpacked.
+
 With gradient checkpointing each layer keeps only its input (the paper's ``2*s*b*h``; ``4*s*b*h``
 here, the fp32 residual stream) and one layer is recomputed at a time (its full activation).
 Sequence length: ``max_length`` for text (the worst case; dynamic padding is usually shorter),
@@ -213,6 +220,24 @@ def logits_fp32_bytes(structure: ModelStructure, spec: JobSpec) -> int:
     return spec.training.per_device_train_batch_size * text_sequence(structure, spec) * structure.num_labels * 4
 
 
+def packed_rows_attention(structure: ModelStructure, spec: JobSpec) -> str | None:
+    """The attention packed rows run under with their 4D mask: ``eager`` or ``sdpa``; None without
+    packing or under flash attention (one flattened sequence, no mask)."""
+    from trainer_core.data.packing import packing_layout
+
+    if structure.task != "causal-lm" or not spec.preprocessing.packing:
+        return None
+    if packing_layout(structure.attn_implementation) != "rows":
+        return None
+    return structure.attn_implementation
+
+
+def packing_mask_bytes(attention: str, s: int, b: int, w: int, layers: int) -> int:
+    """The packed rows' mask (see the module docstring): one fp32 copy for eager; the bool mask and each
+    layer's converted copy for SDPA."""
+    return 4 * b * s * s if attention == "eager" else b * s * s * (1 + layers * w)
+
+
 def lora_path_bytes(layout: ParameterLayout, spec: JobSpec, s: int, b: int, w: int) -> int:
     """What each LoRA branch saves beyond its Linear's input: lora_A's output (s x b x r) and, with
     dropout, the dropped input (w bytes) and its 1-byte mask (s x b x in); without dropout PEFT uses
@@ -260,6 +285,11 @@ def estimate_activations(
             logits = b * s * structure.num_labels * LOGIT_BYTES  # the score head runs on every position
         if spec.adapter is not None:  # RMSNorm's `weight * x` saves x only when the weight trains
             shapes = [dataclasses.replace(x, rms_norm=False) for x in shapes]
+        if (packed := packed_rows_attention(structure, spec)) is not None:
+            if packed == "sdpa":  # a mask turns SDPA's GQA off: K and V are repeated to every head
+                shapes = [dataclasses.replace(x, kv_ratio=1.0) for x in shapes]
+            front += packing_mask_bytes(packed, s, b, w, len(shapes))
+            desc += f", packed rows' {b}x{s}x{s} mask ({packed})"
         if layout is not None:
             lora = lora_path_bytes(layout, spec, s, b, w)
             # checkpointing recomputes one layer at a time: its share of the branches (approximation)

@@ -181,3 +181,18 @@ export function autoPanel(job) {
       el("dd", { dataset: { field: choice.field } }, el("strong", {}, String(choice.value)), " ",
         el("span.muted.small", {}, choice.why))])));
 }
+
+/** Where the job started (`init_from`: another job's checkpoint) and the jobs started from its own. */
+export function lineagePanel(job) {
+  const rows = [];
+  const source = job.started_from;
+  if (source) {
+    rows.push(el("dt", {}, "Started from"), el("dd", { dataset: { startedFrom: source.job } },
+      el("a", { href: `#/jobs/${source.job}` }, el("code", {}, source.job)), ` at checkpoint ${source.checkpoint}`));
+  }
+  if (job.continued_by?.length) {
+    rows.push(el("dt", {}, "Continued by"), el("dd", { dataset: { continuedBy: "" } },
+      job.continued_by.flatMap((id, i) => [i ? ", " : "", el("a", { href: `#/jobs/${id}` }, el("code", {}, id))])));
+  }
+  return rows.length ? el("div.card", { dataset: { lineage: "" } }, el("h3", {}, "Lineage"), el("dl.facts", {}, rows)) : null;
+}

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from tests.trainer_core.memory.conftest import SpecFactory
+import dataclasses
+from typing import Any
+
+from tests.trainer_core.memory.conftest import SpecFactory, spec_dict
+from tests.trainer_core.memory.llm_models import LLM_CONFIGS
 from trainer_core.memory import estimate_memory
-from trainer_core.memory.activations import LayerShape, layer_bytes
+from trainer_core.memory.activations import LayerShape, estimate_activations, layer_bytes
+from trainer_core.memory.parameters import model_structure
+from trainer_core.spec import parse_spec
 
 
 def activation(make_spec: SpecFactory, model: str, **sections: dict[str, object]) -> int:
@@ -60,3 +66,22 @@ def test_conv_nets_scale_with_batch(make_spec: SpecFactory) -> None:
     one = activation(make_spec, "microsoft/resnet-50", training={"per_device_train_batch_size": 1})
     eight = activation(make_spec, "microsoft/resnet-50", training={"per_device_train_batch_size": 8})
     assert 7.9 * one < eight <= 8 * one
+
+
+
+def test_packing_models_each_attention_paths_mask() -> None:
+    # Packed rows stay b x s under eager and SDPA, plus their b x s x s block-diagonal mask: one fp32
+    # copy for eager; for SDPA the bool mask, each layer's fp32 copy, and K/V repeated from 2 heads to
+    # 4 (2 layers, h 64, fp32). Flash attention's flattened batch has no mask.
+    b, s = 4, 64
+    sections: dict[str, Any] = {"training": {"per_device_train_batch_size": b}}
+    padded = parse_spec(spec_dict("causal-lm", {"config": LLM_CONFIGS["llama"]}, **sections,
+                                  preprocessing={"max_length": s}))  # fmt: skip
+    packed = padded.model_copy(update={"preprocessing": padded.preprocessing.model_copy(update={"packing": True})})
+    meta = model_structure(padded.model, "causal-lm", None)
+    repeated_kv = 2 * s * b * 64 * 4 * (1 - 2 / 4)  # K and V a layer
+    expected = {"eager": 4 * b * s * s, "sdpa": b * s * s * (1 + 2 * 4) + 2 * repeated_kv, "flash_attention_2": 0}
+    for attn, extra in expected.items():
+        structure = dataclasses.replace(meta, attn_implementation=attn)
+        counted = estimate_activations(structure, packed).bytes - estimate_activations(structure, padded).bytes
+        assert counted == extra, attn

@@ -1,0 +1,58 @@
+"""``init_from`` across hosts (PostgreSQL, Redis, the object store): a job trained on one worker host
+continues on the other from the checkpoint the store holds, with no disk in common."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .stack import TERMINAL, Fleet, dataset_spec, new_queue, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_job_continues_on_another_host_from_the_stored_checkpoint(
+    fleet_stack: Fleet, queue: str, sentiment_dataset: str, tmp_path: Path
+) -> None:
+    fleet = fleet_stack
+    first, second = fleet.worker_hosts
+    fleet.start_workers([first], queue)
+    with fleet.client() as client:
+        created = client.post("/v1/jobs", json={**dataset_spec(sentiment_dataset, max_steps=8, save_steps=4),
+                                                "queue": queue})  # fmt: skip
+        assert created.status_code == 201, created.text
+        parent = created.json()["id"]
+        wait_for("the parent to end", lambda: fleet.job(parent).status in TERMINAL, timeout=240)
+        assert fleet.job(parent).status == "succeeded", fleet.job(parent).error_message
+        assert fleet.stored_checkpoints(parent) == [4, 8]
+        other = new_queue()
+        try:
+            fleet.start_workers([second], other)
+            still = dataset_spec(sentiment_dataset, max_steps=1, learning_rate=1e-9)
+            init_from = {"job": parent, "checkpoint": 4}
+            created = client.post("/v1/jobs", json={**still, "queue": other, "init_from": init_from})
+            assert created.status_code == 201, created.text
+            child = created.json()["id"]
+            wait_for("the child to end", lambda: fleet.job(child).status in TERMINAL, timeout=240)
+        finally:
+            fleet.stop_workers(other)
+        assert fleet.job(child).status == "succeeded", fleet.job(child).error_message
+        assert (fleet.job(parent).worker, fleet.job(child).worker) == (first.name, second.name)
+        assert client.get(f"/v1/jobs/{parent}").json()["continued_by"] == [child]
+        archive = client.get(f"/v1/jobs/{parent}/checkpoints/4.zip")
+        assert archive.status_code == 200, archive.text
+        with zipfile.ZipFile(io.BytesIO(archive.content)) as opened:
+            opened.extractall(tmp_path)
+        final = client.get(f"/v1/jobs/{child}/artifacts/model.safetensors")
+        assert final.status_code == 200, final.text
+        (tmp_path / "child.safetensors").write_bytes(final.content)
+    started = load_file(str(tmp_path / "checkpoint-4" / "model.safetensors"))
+    ended = load_file(str(tmp_path / "child.safetensors"))
+    # One step at a learning rate of 1e-9 from step 4's weights (its own random init would be far off).
+    assert started.keys() == ended.keys()
+    assert all(torch.allclose(started[name], ended[name], atol=1e-6) for name in started)
