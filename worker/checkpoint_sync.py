@@ -8,8 +8,11 @@ written last) and stages it by hard-linking its files into the run's work dir: t
 (``save_total_limit``) may delete the original while the upload runs, and the staged links keep the
 bytes. One background thread uploads (:class:`service_core.checkpoints.CheckpointStore`): at most one
 upload in flight; a newer checkpoint waits behind it and replaces any older one still waiting, so
-training never waits and the store gets the newest. When the run ends, :meth:`CheckpointUploader.finish`
-uploads what is pending before the slot records the outcome or requeues the job.
+training never waits and the store gets the newest. The best so far (when retention keeps it, as the
+newest checkpoint's description names it) is never replaced: it waits too, and one saved between two
+looks at the folder is staged with the newest, so the store holds every checkpoint retention keeps.
+When the run ends, :meth:`CheckpointUploader.finish` uploads what is pending before the slot records
+the outcome or requeues the job.
 
 The run's ``checkpoint`` event (step, epoch, loss) reaches the job's stream only once that checkpoint's
 manifest is committed: the supervisor hands it to :meth:`CheckpointUploader.describe`, and
@@ -37,7 +40,7 @@ from service_core.db.models import Job
 from service_core.db.session import DATABASE_UNAVAILABLE, session_scope
 from service_core.settings import Settings
 from trainer_core.best_checkpoint import protected_step
-from trainer_core.checkpoint import CHECKPOINT_PREFIX, META_FILE, newest_checkpoint, read_meta
+from trainer_core.checkpoint import CHECKPOINT_PREFIX, META_FILE, checkpoint_dir, newest_checkpoint, read_meta
 from trainer_core.events import Event, make_event, utc_now_iso
 from worker.ingest import event_data, event_time
 from worker.paths import RunPaths, is_local_root
@@ -88,9 +91,10 @@ class CheckpointUploader:
         self.attempt, self.keep, self.may_commit = attempt, keep, may_commit
         self.last_staged = -1
         self.uploaded: list[int] = []  # steps committed to the store, in order
+        self.stored: set[int] = set()  # steps the store holds (a resume's, and those committed since)
         self.unannounced: list[int] = []  # committed steps whose checkpoint event is not out yet
         self.described: dict[int, Event] = {}  # the run's checkpoint events, by step
-        self.waiting: tuple[int, Path] | None = None
+        self.waiting: list[tuple[int, Path]] = []  # staged, oldest first: the best (if it waits) and the newest
         self.in_flight: int | None = None
         self.closing = False
         self.next_poll = 0.0
@@ -101,7 +105,8 @@ class CheckpointUploader:
         """Start the upload thread; checkpoints the store already holds (a resume's) are not sent again."""
         shutil.rmtree(self.staging_dir, ignore_errors=True)  # a dead slot's leftovers
         try:
-            self.last_staged = max(self.store.steps(), default=-1)
+            self.stored = set(self.store.steps())
+            self.last_staged = max(self.stored, default=-1)
         except OSError:  # the store is away: stage whatever comes; uploads retry with each checkpoint
             log.exception("job %s: listing stored checkpoints failed", self.store.job_id)
         self.thread.start()
@@ -154,12 +159,24 @@ class CheckpointUploader:
             shutil.rmtree(target, ignore_errors=True)
             return
         self.last_staged = step
+        staged = [(step, target)]
+        best = protected_step(read_meta(target))
         with self.changed:
-            if self.waiting is not None:  # never uploaded: the newer checkpoint supersedes it
-                log.info("job %s: checkpoint %d replaces %d waiting for upload", self.store.job_id, step,
-                         self.waiting[0])  # fmt: skip
-                shutil.rmtree(self.waiting[1], ignore_errors=True)
-            self.waiting = (step, target)
+            pending = {waiting for waiting, _ in self.waiting} | {self.in_flight}
+            if best is not None and best < step and best not in self.stored | pending:
+                # Saved between two looks, so never staged: retention keeps it, so the store must hold it.
+                best_target = self.staging_dir / str(best)
+                shutil.rmtree(best_target, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    if stage(checkpoint_dir(self.output_dir, best), best_target):
+                        staged.insert(0, (best, best_target))
+            kept = [(waiting, folder) for waiting, folder in self.waiting if waiting == best]
+            for waiting, folder in self.waiting:
+                if waiting != best:  # never uploaded: the newer checkpoint supersedes it
+                    log.info("job %s: checkpoint %d replaces %d waiting for upload", self.store.job_id, step,
+                             waiting)  # fmt: skip
+                    shutil.rmtree(folder, ignore_errors=True)
+            self.waiting = [*kept, *staged]
             self.changed.notify_all()
 
     def _upload_loop(self) -> None:
@@ -169,11 +186,11 @@ class CheckpointUploader:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPLOAD_NICENESS)
         while True:
             with self.changed:
-                while self.waiting is None and not self.closing:
+                while not self.waiting and not self.closing:
                     self.changed.wait()
-                if self.waiting is None:
+                if not self.waiting:
                     return
-                (step, folder), self.waiting = self.waiting, None
+                step, folder = self.waiting.pop(0)
                 self.in_flight = step
             try:
                 self._upload(step, folder)
@@ -193,7 +210,10 @@ class CheckpointUploader:
             self.uploaded.append(step)
             with self.changed:
                 self.unannounced.append(step)
+                self.stored.add(step)
             removed = self.store.rotate(self.keep, protect)
+            with self.changed:
+                self.stored.difference_update(removed)
         except Exception:  # the store is away or refused: the next checkpoint tries again
             log.exception("job %s: uploading checkpoint %d failed", self.store.job_id, step)
             return
@@ -210,9 +230,10 @@ class CheckpointUploader:
             self._stage_newest(force=True)
         with self.changed:
             self.closing = True
-            if abort and self.waiting is not None:
-                shutil.rmtree(self.waiting[1], ignore_errors=True)
-                self.waiting = None
+            if abort:
+                for _, folder in self.waiting:
+                    shutil.rmtree(folder, ignore_errors=True)
+                self.waiting = []
             self.changed.notify_all()
         if self.thread.is_alive():
             self.thread.join(timeout_s)

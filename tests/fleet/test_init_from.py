@@ -30,6 +30,8 @@ def test_a_job_continues_on_another_host_from_the_stored_checkpoint(
         wait_for("the parent to end", lambda: fleet.job(parent).status in TERMINAL, timeout=240)
         assert fleet.job(parent).status == "succeeded", fleet.job(parent).error_message
         assert fleet.stored_checkpoints(parent) == [4, 8]
+        listed = client.get(f"/v1/jobs/{parent}/checkpoints").json()["items"]  # the API host reads the store
+        assert [(item["step"], item["kept"]) for item in listed] == [(4, True), (8, True)]
         other = new_queue()
         try:
             fleet.start_workers([second], other)

@@ -9,12 +9,14 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
 
 from service_core.checkpoints import MANIFEST, CheckpointError, CheckpointStore
 from service_core.settings import Settings
+from trainer_core.best_checkpoint import META_KEY as BEST_META_KEY
 from trainer_core.checkpoint import META_FILE, checkpoint_dir
 from worker.checkpoint_sync import CheckpointUploader, attempt_owns_job
 
@@ -22,13 +24,17 @@ from .conftest import JobFactory
 from .test_supervisor import wait_for
 
 
-def fake_checkpoint(output_dir: Path, step: int) -> Path:
-    """A checkpoint folder as a backend leaves it: weights in a subfolder, then the meta file, last."""
+def fake_checkpoint(output_dir: Path, step: int, best: int | None = None) -> Path:
+    """A checkpoint folder as a backend leaves it: weights in a subfolder, then the meta file, last;
+    ``best``: the best step so far its description names, with retention keeping the best."""
     ckpt = checkpoint_dir(output_dir, step)
     (ckpt / "model").mkdir(parents=True)
     (ckpt / "model" / "weights.bin").write_bytes(bytes([step % 256]) * (1000 + step))
     (ckpt / "optimizer.pt").write_bytes(f"optimizer at {step}".encode())
-    (ckpt / META_FILE).write_text(json.dumps({"global_step": step}), encoding="utf-8")
+    meta: dict[str, Any] = {"global_step": step}
+    if best is not None:
+        meta |= {"spec": {"training": {"keep_best_checkpoint": True}}, BEST_META_KEY: {"step": best}}
+    (ckpt / META_FILE).write_text(json.dumps(meta), encoding="utf-8")
     return ckpt
 
 
@@ -112,7 +118,7 @@ def test_the_uploader_keeps_one_upload_in_flight_and_the_newest_waiting(store: C
     uploader.poll(force=True)
     fake_checkpoint(output_dir, 6)
     uploader.poll(force=True)
-    assert uploader.in_flight == 2 and uploader.waiting is not None and uploader.waiting[0] == 6
+    assert uploader.in_flight == 2 and [step for step, _ in uploader.waiting] == [6]
     assert sorted(p.name for p in (work_dir / "upload").iterdir()) == ["2", "6"]  # 4's staging is gone
     # The run's own rotation deletes 6 locally before its upload started: the staged links keep it.
     shutil.rmtree(checkpoint_dir(output_dir, 6))
@@ -127,6 +133,38 @@ def test_the_uploader_keeps_one_upload_in_flight_and_the_newest_waiting(store: C
     fetched = store.download(6, tmp_path / "check")
     assert (fetched / "model" / "weights.bin").read_bytes() == bytes([6]) * 1006
     assert not (work_dir / "upload").exists()  # staged links removed
+
+
+def test_the_best_checkpoint_reaches_the_store_though_newer_ones_come_faster(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Retention keeps the best: the uploader never lets a newer checkpoint replace it, and stages one
+    saved between two looks at the folder, so the store holds it beside the newest."""
+    output_dir, work_dir = tmp_path / "output", tmp_path / "work"
+    release, committing = threading.Event(), threading.Event()
+
+    def gate() -> bool:
+        committing.set()
+        assert release.wait(60)
+        return True
+
+    uploader = CheckpointUploader(store, output_dir, work_dir / "upload", attempt=1, keep=1, may_commit=gate).start()
+    fake_checkpoint(output_dir, 2, best=2)
+    uploader.poll(force=True)
+    assert committing.wait(60) and uploader.in_flight == 2
+    fake_checkpoint(output_dir, 4, best=4)
+    uploader.poll(force=True)
+    fake_checkpoint(output_dir, 6, best=4)  # 4 stays the best: it waits on, 6 behind it
+    uploader.poll(force=True)
+    assert [step for step, _ in uploader.waiting] == [4, 6]
+    fake_checkpoint(output_dir, 8, best=8)
+    fake_checkpoint(output_dir, 10, best=8)  # both saved before the next look: 8, the new best, is staged too
+    uploader.poll(force=True)
+    assert [step for step, _ in uploader.waiting] == [8, 10]  # 4 and 6 superseded
+    release.set()
+    wait_for(lambda: uploader.uploaded == [2, 8, 10], 60, "the best and the newest uploaded")
+    uploader.finish(timeout_s=60)
+    assert store.steps() == [8, 10]  # save_total_limit 1 keeps the newest and the best
 
 
 def test_a_fenced_out_attempt_commits_no_checkpoint(
