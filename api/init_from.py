@@ -26,8 +26,8 @@ from service_core.db.models import Job
 from service_core.keys import Caller
 from service_core.settings import Settings
 from service_core.status import JobStatus
-from trainer_core.init_from import adapter_mismatch
 from trainer_core.spec import FieldError, JobSpec, SpecError
+from trainer_core.spec_init_from import adapter_mismatch
 
 
 def _refuse(field: str, message: str, kind: str = "value_error") -> SpecError:

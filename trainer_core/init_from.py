@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from trainer_core.spec import FieldError, JobSpec, SpecError
+from trainer_core.spec_init_from import adapter_mismatch
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -53,27 +54,6 @@ class InitSource:
     def full_weights(self) -> str | None:
         """The folder to load the model from (full weights), or None (an adapter on the spec's own base)."""
         return None if self.adapter is not None else str(self.folder)
-
-
-def adapter_mismatch(spec: JobSpec, held: dict[str, Any]) -> str | None:
-    """Why an adapter with config ``held`` (PEFT's ``r`` and ``target_modules``) cannot continue in this
-    run's adapter, or None. Shared with the API's check at submit."""
-    if spec.adapter is None:
-        return "the checkpoint holds a LoRA adapter: give an `adapter` section with its rank and targets"
-    if int(held.get("r") or 0) != spec.adapter.r:
-        return f"the checkpoint's adapter has rank {held.get('r')}; adapter.r is {spec.adapter.r}"
-    targets = held.get("target_modules")
-    mine = spec.adapter.target_modules
-    if isinstance(targets, list | str) and not _same_targets(targets, mine):
-        return f"the checkpoint's adapter targets {targets}; adapter.target_modules is {mine}"
-    return None
-
-
-def _same_targets(theirs: list[str] | str, mine: list[str] | str) -> bool:
-    # PEFT stores an "all-linear" request as the module names it resolved to, so that spelling matches any.
-    if "all-linear" in (theirs, mine):
-        return True
-    return sorted([theirs] if isinstance(theirs, str) else theirs) == sorted([mine] if isinstance(mine, str) else mine)
 
 
 def init_source(spec: JobSpec) -> InitSource | None:

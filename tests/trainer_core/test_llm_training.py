@@ -24,8 +24,8 @@ def record_model(monkeypatch: pytest.MonkeyPatch) -> list[nn.Module]:
     """The models the backends build, kept for inspection (the real builder still builds them)."""
     built: list[nn.Module] = []
 
-    def recording(spec: JobSpec, labels: list[str]) -> nn.Module:
-        model = common.build_training_model(spec, labels)
+    def recording(spec: JobSpec, labels: list[str], *, fresh: bool = True) -> nn.Module:
+        model = common.build_training_model(spec, labels, fresh=fresh)
         built.append(model)
         return model
 
