@@ -35,8 +35,11 @@ typecheck: $(STAMP)
 chromium:
 	@test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q chromium; }
 
+# Both cores by default (xdist; tests/conftest.py says how the work is split); PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
+
 pytest: $(STAMP) chromium
-	$(BIN)/python -m pytest tests --durations=30
+	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --durations=30
 
 test: lint typecheck pytest
 

@@ -86,7 +86,7 @@ def _check_fits(spec: JobSpec, parent_id: str, parent: JobSpec) -> None:
                       "weights load only into the model they were trained as (give the same `model`)")  # fmt: skip
     if parent.adapter is not None:
         held = {"r": parent.adapter.r, "target_modules": parent.adapter.target_modules}
-        if (problem := adapter_mismatch(spec, held)) is not None:
+        if (problem := adapter_mismatch(spec.adapter, held)) is not None:
             raise _refuse("job", f"job {parent_id}: {problem}")
     if spec.init_from.resume_optimizer:
         if parent.optimizer.name != spec.optimizer.name:

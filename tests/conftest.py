@@ -1,5 +1,5 @@
 """Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 and MLflow servers; and how
-``pytest -n 2`` spreads the suite over both cores (``make test`` still runs it serially)."""
+``make test`` spreads the suite over both cores (``pytest -n 2``)."""
 
 from __future__ import annotations
 
@@ -26,13 +26,11 @@ import pytest
 from tests.mlflow_server import MlflowServer, mlflow_server
 from trainjobs.seaweedfs import SeaweedFS
 
-# Running the suite on both cores (``pytest -n 2``, xdist). `make test` still runs serially: under
-# ``-n 2`` on a 2-core machine some live tests time out (the frozen-slot lease test, the fleet's cut
-# host, the running cap's lock wait, the fuzz's case count) and must be fixed first. The unit of work
-# is a module, run whole on one xdist worker, so its module-scoped fixtures (live stacks, a zygote, an
-# installed venv) start once; modules that share a stack are one unit. Units go out heaviest first,
-# so the two workers finish together. The weights are rough seconds under `-n 2` (``--durations``
-# prints them); a unit not listed weighs by its slow tests.
+# The suite runs on both cores (``make test``: ``pytest -n 2``, xdist). The unit of work is a module,
+# run whole on one xdist worker, so its module-scoped fixtures (live stacks, a zygote, an installed
+# venv) start once; modules that share a stack are one unit. Units go out heaviest first, so the two
+# workers finish together. The weights are rough seconds under `-n 2` (``--durations`` prints them);
+# a unit not listed weighs by its slow tests.
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"

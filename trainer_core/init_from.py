@@ -69,7 +69,7 @@ def init_source(spec: JobSpec) -> InitSource | None:
     adapter: dict[str, Any] | None = None
     if (folder / ADAPTER_CONFIG).is_file() and (folder / ADAPTER_WEIGHTS).is_file():
         adapter = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-        if (problem := adapter_mismatch(spec, adapter or {})) is not None:
+        if (problem := adapter_mismatch(spec.adapter, adapter or {})) is not None:
             raise _error("path", problem)
     elif not any((folder / name).is_file() for name in FULL_WEIGHTS):
         raise _error("path", f"{folder} holds no model weights ({FULL_WEIGHTS[0]}) and no adapter ({ADAPTER_WEIGHTS})")

@@ -11,14 +11,12 @@ is :mod:`trainer_core.init_from`. A checkpoint is named two ways:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from trainer_core.spec_adapter import AdapterSpec
 from trainer_core.spec_base import StrictModel, combination_error
-
-if TYPE_CHECKING:  # the spec imports this module
-    from trainer_core.spec import JobSpec
 
 CheckpointName = Literal["best", "last"]
 
@@ -63,16 +61,16 @@ class InitFromSpec(StrictModel):
         return self
 
 
-def adapter_mismatch(spec: JobSpec, held: dict[str, Any]) -> str | None:
-    """Why an adapter with config ``held`` (PEFT's ``r`` and ``target_modules``) cannot continue in this
-    spec's adapter, or None: the run's check of a checkpoint folder (trainer_core/init_from.py) and the
-    API's of another job's spec at submit (which imports no torch)."""
-    if spec.adapter is None:
+def adapter_mismatch(adapter: AdapterSpec | None, held: dict[str, Any]) -> str | None:
+    """Why an adapter with config ``held`` (PEFT's ``r`` and ``target_modules``) cannot continue in a
+    spec's ``adapter`` section, or None: the run's check of a checkpoint folder (trainer_core/init_from.py)
+    and the API's of another job's spec at submit (which imports no torch)."""
+    if adapter is None:
         return "the checkpoint holds a LoRA adapter: give an `adapter` section with its rank and targets"
-    if int(held.get("r") or 0) != spec.adapter.r:
-        return f"the checkpoint's adapter has rank {held.get('r')}; adapter.r is {spec.adapter.r}"
+    if int(held.get("r") or 0) != adapter.r:
+        return f"the checkpoint's adapter has rank {held.get('r')}; adapter.r is {adapter.r}"
     targets = held.get("target_modules")
-    mine = spec.adapter.target_modules
+    mine = adapter.target_modules
     if isinstance(targets, list | str) and not _same_targets(targets, mine):
         return f"the checkpoint's adapter targets {targets}; adapter.target_modules is {mine}"
     return None
