@@ -260,7 +260,7 @@ def compare(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
                 trained = int(result["tokens"]) if name == "TRL" else tokens
                 rows.append({"adapter": kind, "packing": packing, "name": name, "tokens": trained,
                              "tokens_per_s": trained / result["runtime_s"], "loss": result["loss"],
-                             "fill": result.get("fill", fill) if packing else None})  # fmt: skip
+                             "fill": {"TRL": result.get("fill"), "trainjobs": fill}.get(name)})  # fmt: skip
     return rows
 
 
