@@ -123,28 +123,35 @@ class CheckpointStore:
         Files land in a temporary folder beside it and are checked against the manifest (size and
         sha256); only a whole checkpoint is renamed into place. Raises :class:`CheckpointError` otherwise.
         """
-        manifest = self.manifest(step)
-        final = checkpoint_dir(output_dir, step)
-        output_dir.mkdir(parents=True, exist_ok=True)
+        entries = [ManifestEntry(**item) for item in self.manifest(step)["files"]]
+        return self.fetch_folder(self.step_dir(step), step, entries, checkpoint_dir(output_dir, step))
+
+    def fetch_folder(self, source: str, step: int, entries: list[ManifestEntry], final: Path) -> Path:
+        """Fetch ``entries`` of the checkpoint folder ``source`` (a path on this store's file system) into
+        ``final``: into a temporary folder beside it first, each file checked against its entry (its
+        size, and its sha256 where the entry has one: a manifest's), then renamed into place whole.
+        Raises :class:`CheckpointError` for a file missing or not as its entry says."""
+        final.parent.mkdir(parents=True, exist_ok=True)
         # A name the trainer's own checkpoint globs (checkpoint-*) never match.
-        partial = Path(tempfile.mkdtemp(prefix=f".download-{step}-", dir=output_dir))
+        partial = Path(tempfile.mkdtemp(prefix=f".download-{step}-", dir=final.parent))
         try:
-            for item in manifest["files"]:
-                self._fetch_file(step, ManifestEntry(**item), partial)
+            for entry in entries:
+                self._fetch_file(source, step, entry, partial)
             shutil.rmtree(final, ignore_errors=True)  # an incomplete local copy of the same step
             partial.rename(final)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
         return final
 
-    def _fetch_file(self, step: int, entry: ManifestEntry, into: Path) -> None:
+    def _fetch_file(self, source: str, step: int, entry: ManifestEntry, into: Path) -> None:
         local = into / clean_relative_path(entry.path)  # a manifest names files inside its checkpoint
         local.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.fs.get_file(f"{self.step_dir(step)}/{entry.path}", str(local))
-        except FileNotFoundError as exc:
+            self.fs.get_file(f"{source}/{entry.path}", str(local))
+        except FileNotFoundError as exc:  # never there, or rotated away meanwhile
             raise CheckpointError(f"checkpoint {step}: {entry.path} is missing from the store") from exc
-        size, digest = local.stat().st_size, sha256_file(local)
+        size = local.stat().st_size
+        digest = sha256_file(local) if entry.sha256 else ""  # a run's own folder has no manifest to hash by
         if (size, digest) != (entry.size, entry.sha256):
             found, wanted = f"{size} bytes, sha256 {digest[:12]}", f"{entry.size} bytes, sha256 {entry.sha256[:12]}"
             raise CheckpointError(f"checkpoint {step}: {entry.path} is {found}; the manifest says {wanted}")
@@ -230,7 +237,7 @@ OPTIMIZER_PREFIX = "optimizer"
 def fetch_checkpoint(artifacts_root: str, job_id: str, step: int, dest: Path, *, with_optimizer: bool) -> Path:
     """A copy of job ``job_id``'s checkpoint ``step`` (as :func:`job_checkpoints` finds it, on the store
     or the root's own folders) in ``dest``, the optimizer state only ``with_optimizer``; kept when
-    already there (a restarted run's). Whole or not at all: it is copied beside ``dest`` and renamed.
+    already there (a restarted run's). Whole and checked, as :meth:`CheckpointStore.fetch_folder` fetches.
 
     For ``init_from`` (worker/execute.py): the new run reads its own copy, which the other job's
     retention cannot delete under it. Raises :class:`CheckpointError` when the checkpoint is gone.
@@ -241,20 +248,5 @@ def fetch_checkpoint(artifacts_root: str, job_id: str, step: int, dest: Path, *,
     if found is None:
         raise CheckpointError(f"job {job_id} no longer has a complete checkpoint at step {step}")
     store = CheckpointStore(artifacts_root, job_id)
-    source = f"{posixpath.dirname(store.base)}/{found.folder}"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".init-{step}-", dir=dest.parent))
-    try:
-        for entry in found.files:
-            if not with_optimizer and entry.path.startswith(OPTIMIZER_PREFIX):
-                continue
-            local = partial / clean_relative_path(entry.path)
-            local.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                store.fs.get_file(f"{source}/{entry.path}", str(local))
-            except FileNotFoundError as exc:  # rotated away while it was copied
-                raise CheckpointError(f"job {job_id}'s checkpoint {step} lost {entry.path} as it was copied") from exc
-        partial.rename(dest)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return dest
+    entries = [entry for entry in found.files if with_optimizer or not entry.path.startswith(OPTIMIZER_PREFIX)]
+    return store.fetch_folder(f"{posixpath.dirname(store.base)}/{found.folder}", step, entries, dest)

@@ -193,7 +193,6 @@ class JobOut(JobSummary):
         return cls(**summary_fields(job), spec=job.spec, tracker_links=links or None, auto=auto, started_from=started)
 
 
-
 def summary_fields(job: Job) -> dict[str, Any]:
     """The fields of a JobSummary from a job row (the spec is not read, so a list may defer it)."""
     base = f"/v1/jobs/{job.id}"
