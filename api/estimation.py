@@ -117,20 +117,53 @@ def estimate_for_submit(spec: JobSpec, queue: str, settings: Settings) -> dict[s
     if budget is not None and not result.fits:
         advice = plan(spec, budget).model_dump(mode="json")
         field = "resources.gpu_memory_gb" if spec.resources.gpu_memory_gb == budget else "queue"
+        message = f"the estimate exceeds the {budget:g} GB budget"
+        detail = over_budget_advice(advice)
+        copy = reference_copy_advice(spec, result, budget, settings, advice)
+        if copy is not None:  # it fits but for DPO's frozen reference copy: name the field that keeps it
+            field, (message, detail) = "preference.reference", copy
         raise Problem(
             422,
-            f"the job needs about {gib(result.total_bytes)} per device, over the {budget:g} GB budget; "
-            + over_budget_advice(advice),
+            f"the job needs about {gib(result.total_bytes)} per device, over the {budget:g} GB budget; " + detail,
             title="Job does not fit in GPU memory",
             type_="urn:trainjobs:problem:over-budget",
-            errors=[
-                {"field": field, "message": f"the estimate exceeds the {budget:g} GB budget", "type": "over_budget"}
-            ],
+            errors=[{"field": field, "message": message, "type": "over_budget"}],
             estimate=body,
             plan=advice,
             budget_gb=budget,
         )
     return body
+
+
+def reference_copy_advice(
+    spec: JobSpec, result: Any, budget: float, settings: Settings, advice: dict[str, Any]
+) -> tuple[str, str] | None:
+    """(error message, advice) when a DPO job keeping a frozen reference copy (``reference: base``) fits
+    ``budget`` with ``reference: precomputed``; else None. The advice names the precomputed estimate
+    and the planner's first adapter entry, if it has one."""
+    from trainer_core.memory.planner import PRECOMPUTED_REFERENCE, apply_changes
+
+    if not result.reference_weight_bytes:
+        return None
+    precomputed = estimate(apply_changes(spec, PRECOMPUTED_REFERENCE), settings, gpu_memory_gb=budget)
+    if not precomputed.fits:
+        return None
+    message = (
+        f"reference 'base' keeps a frozen copy of the starting weights ({gib(result.reference_weight_bytes)}) "
+        f"and scores it every step; the {budget:g} GB budget cannot hold it"
+    )
+    text = (
+        f"{message}. With preference.reference=precomputed (the reference log-probs scored once before training) "
+        f"it needs {gib(precomputed.total_bytes)}"
+    )
+    adapters = [e for e in advice["entries"] if "adapter" in e["changes"]]
+    if adapters:
+        first = adapters[0]
+        text += f"; or train an adapter: {changes_text(first['changes'])} ({gib(first['estimate_total_bytes'])})"
+    entries = advice["entries"]
+    if entries and not {"adapter", "preference.reference"} & entries[0]["changes"].keys():  # other settings hold it
+        text += "; " + over_budget_advice(advice)
+    return message, text
 
 
 def gib(size: int) -> str:
@@ -212,7 +245,7 @@ def time_estimate(
     is not modelled (conv nets, audio) or the data's rows are unknown (preflight's count at submit,
     ``train_rows`` in an estimate request). ``sample_tokens``: preflight's measured positions a sample
     and samples a row (trainer_core/token_lengths.py); without it a sample is ``max_length`` long."""
-    from trainer_core.flops import NotModelled, run_samples, sample_flops
+    from trainer_core.flops import NotModelled, TrainingFlops, run_samples, sample_flops
     from trainer_core.memory.parameters import model_structure
     from trainer_core.time_estimate import MIN_JOBS, calibrate, device_peak, predict_seconds
 
@@ -246,7 +279,9 @@ def time_estimate(
     if len(history) < MIN_JOBS:
         history, scope = queue_history(sessions, queue), "queue"
     calibration = calibrate(history, peak)
-    train_flops, eval_flops = sample.train * samples, sample.forward * eval_samples
+    # DPO's precomputed reference scores each row of both splits once, before training.
+    work = TrainingFlops(sample, samples, eval_samples, train_rows, eval_rows)
+    train_flops, eval_flops = work.train, work.eval
     body: dict[str, Any] = {
         "device": device, "dtype": dtype, "peak_flops": peak if device else None,
         "tokens_per_sample": sample.tokens, "tokens_measured": bool(sample_tokens),

@@ -34,7 +34,8 @@ from trainjobs.seaweedfs import SeaweedFS
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"
-    for name in ("init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume")
+    for name in ("init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume",
+                 "preference")
 )
 HEAVY_UNITS: dict[str, int] = {
     "tests/bench/test_gpu_check_smoke.py": 300,

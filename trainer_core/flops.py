@@ -28,6 +28,12 @@ GPU Clusters", Sec. 5.1), extended to what adapters and checkpointing change:
   in transformers.
 * Embedding lookups, norms, activations, softmax and the optimizer step are memory-bound and small
   next to the matrix products: not counted (the learned efficiency absorbs them).
+* **DPO / ORPO**: a sample is a pair, its chosen and rejected sequences of ``s`` positions each (one
+  concatenated forward, padded to the batch's longest; ``2s`` positions a pair), forward and backward:
+  twice a sequence's count. DPO scoring its reference every step (``reference: base``) adds a
+  forward of both without backward (the frozen copy, or the base with the adapter disabled: no LoRA
+  branches) to every training and evaluation sample; ``reference: precomputed`` adds that forward
+  once per row before training (:attr:`SampleFlops.precompute`). ORPO has no reference.
 
 Sequence length ``s``: the tokens a sample really has after padding or packing where the caller
 knows them (preflight's length histogram), else ``max_length``, as the memory estimate assumes.
@@ -57,12 +63,13 @@ class NotModelled(ValueError):
 
 @dataclass(frozen=True)
 class SampleFlops:
-    """FLOPs of one sample of ``tokens`` positions."""
+    """FLOPs of one sample of ``tokens`` positions (a DPO/ORPO pair: both sequences)."""
 
     tokens: int
     forward: int  # one forward pass (what an evaluation pass costs)
-    train: int  # forward + backward (+ the checkpointing recompute)
+    train: int  # forward + backward (+ the checkpointing recompute, + DPO's reference forward)
     formula: str
+    precompute: int = 0  # DPO `reference: precomputed`: the reference forward, once per row before training
 
 
 def _per_sample(name: str, structure: ModelStructure) -> bool:
@@ -74,16 +81,20 @@ def _per_sample(name: str, structure: ModelStructure) -> bool:
 
 def sample_flops(structure: ModelStructure, spec: JobSpec, tokens: int | None = None) -> SampleFlops:
     """The FLOPs of one training sample and one evaluation sample of ``tokens`` positions (default:
-    the spec's ``max_length`` capped by the position table, or ViT's patches + 1)."""
+    the spec's ``max_length`` capped by the position table, or ViT's patches + 1). A DPO/ORPO sample
+    is a pair: ``tokens`` are both sequences' positions, as trainer_core/token_lengths.py measures them
+    (default: twice ``max_length``), each sequence half of them."""
     if structure.model_type in _NOT_MODELLED:
         raise NotModelled(f"{structure.model_type} models are not modelled by the FLOP count (convolutions)")
     s = tokens if tokens is not None else _default_tokens(structure, spec)
+    if tokens is not None and spec.is_preference:
+        s = max(1, round(tokens / 2))  # the batch pads chosen and rejected rows alike
     adapter = spec.adapter
     targets = {info.name for info in target_linears(structure, adapter)} if adapter is not None else set()
     trained_weights = {t.name for t in structure.tensors} if adapter is None else set()
     if adapter is not None and structure.task != "causal-lm":  # PEFT trains the head (modules_to_save)
         trained_weights = {t.name for t in structure.tensors if t.name.startswith(CLASSIFIER_HEADS)}
-    forward = backward = layers_forward = 0
+    forward = backward = layers_forward = lora_forward = 0
     for info in structure.linears:
         positions = 1 if _per_sample(info.name, structure) else s
         mac = info.in_features * info.out_features * positions
@@ -95,6 +106,7 @@ def sample_flops(structure: ModelStructure, spec: JobSpec, tokens: int | None = 
             assert adapter is not None
             lora = 2 * adapter.r * (info.in_features + info.out_features) * positions
             forward, backward, layers_forward = forward + lora, backward + 2 * lora, layers_forward + lora
+            lora_forward += lora
     c = structure.config
     h = int(config_value(c, "hidden_size", "d_model", "n_embd", "dim"))
     layers = int(config_value(c, "num_hidden_layers", "n_layer", "n_layers"))
@@ -109,7 +121,25 @@ def sample_flops(structure: ModelStructure, spec: JobSpec, tokens: int | None = 
         + f", attention 12*s*h a token x {layers} layers"
         + (", + one forward of the layers (gradient checkpointing)" if recompute else "")
     )
-    return SampleFlops(tokens=s, forward=forward, train=forward + backward + recompute, formula=formula)
+    sequence = SampleFlops(tokens=s, forward=forward, train=forward + backward + recompute, formula=formula)
+    return _pair(sequence, spec, forward - lora_forward) if spec.is_preference else sequence
+
+
+def _pair(sequence: SampleFlops, spec: JobSpec, reference_forward: int) -> SampleFlops:
+    """A DPO/ORPO sample: ``sequence`` twice (chosen and rejected) and DPO's reference forward of both
+    (``reference_forward`` a sequence: the adapter, when there is one, is disabled), each step or once."""
+    scored = 2 * reference_forward if spec.method == "dpo" else 0
+    each_step = spec.preference_settings.reference == "base"
+    formula = f"{spec.method} pair, chosen + rejected: 2 x ({sequence.formula})"
+    if scored:
+        formula += " + the reference forward of both" + (" every step" if each_step else " once, before training")
+    return SampleFlops(
+        tokens=2 * sequence.tokens,
+        forward=2 * sequence.forward + (scored if each_step else 0),
+        train=2 * sequence.train + (scored if each_step else 0),
+        formula=formula,
+        precompute=0 if each_step else scored,
+    )
 
 
 def _default_tokens(structure: ModelStructure, spec: JobSpec) -> int:
@@ -127,14 +157,18 @@ class TrainingFlops:
     sample: SampleFlops
     train_samples: int
     eval_samples: int
+    # Rows scored once before training (DPO's precomputed reference): the training and evaluation
+    # splits, as the run scores every split it prepared (trainer_core/backends/reference.py).
+    train_rows: int = 0
+    eval_rows: int = 0
 
     @property
     def train(self) -> int:
-        return self.sample.train * self.train_samples
+        return self.sample.train * self.train_samples + self.sample.precompute * self.train_rows
 
     @property
     def eval(self) -> int:
-        return self.sample.forward * self.eval_samples
+        return self.sample.forward * self.eval_samples + self.sample.precompute * self.eval_rows
 
     @property
     def total(self) -> int:
@@ -172,4 +206,4 @@ def training_flops(
 ) -> TrainingFlops:
     """The FLOPs of the run ``spec`` describes on ``train_rows`` / ``eval_rows`` rows."""
     _, samples, eval_samples = run_samples(spec, train_rows, eval_rows, spec.resources.num_processes)
-    return TrainingFlops(sample_flops(structure, spec, tokens), samples, eval_samples)
+    return TrainingFlops(sample_flops(structure, spec, tokens), samples, eval_samples, train_rows, eval_rows)

@@ -42,6 +42,8 @@ def _check_chat_template(spec: JobSpec, columns: list[str]) -> None:
     from trainer_core.data.loading import lm_shape
     from trainer_core.data.text import load_tokenizer, tokenizer_source
 
+    if spec.is_preference:  # its own columns and check: trainer_core.data.preference.count_truncation
+        return
     if not columns or tokenizer_source(spec) is None or lm_shape(spec.dataset, columns) != "chat":
         return
     try:

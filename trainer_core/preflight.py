@@ -50,6 +50,9 @@ class PreflightReport:
     # Positions a training sample occupies after padding or packing, from the rows read
     # (trainer_core/token_lengths.py): the time estimate's sequence length; None where not measured.
     sample_tokens: dict[str, Any] | None = None
+    # Preference pairs (dpo/orpo) among the rows read: how many truncation cuts or drops
+    # (trainer_core.data.preference.TruncationCounts); None for other jobs or an unreadable tokenizer.
+    truncation: dict[str, int] | None = None
     labels: list[str] | None = None
     labels_complete: bool = False
     columns: list[str] = field(default_factory=list)
@@ -181,6 +184,8 @@ def _check_data(spec: JobSpec, report: PreflightReport, store_root: str | None) 
         check_columns(spec, eval_split.rows, "eval")
     report.checks.append("columns")
     report.sample_tokens = _sample_tokens(spec, train.rows)
+    if spec.is_preference:
+        _check_pairs(spec, train.rows, report)
     if spec.task == "causal-lm":  # a language model's targets are its text: no label column
         return
     _check_labels(spec, train, eval_split, report)
@@ -189,6 +194,30 @@ def _check_data(spec: JobSpec, report: PreflightReport, store_root: str | None) 
         if eval_split is not None:
             _check_media(spec, eval_split.rows, "eval")
         report.checks.append("media_decodes")
+
+
+def _check_pairs(spec: JobSpec, rows: Any, report: PreflightReport) -> None:
+    """Preference pairs encoded as the run encodes them: a chat prompt needs a chat template (a
+    SpecError on ``model.tokenizer``), and the report counts the pairs truncation cuts or drops."""
+    from trainer_core.data.preference import count_truncation
+    from trainer_core.data.preprocess import effective_max_length
+    from trainer_core.data.text import load_tokenizer, tokenizer_source
+
+    if tokenizer_source(spec) is None:
+        return
+    try:
+        tokenizer = load_tokenizer(spec)
+    except (OSError, ValueError) as exc:  # the model source check names an unreadable tokenizer
+        logger.info("tokenizer not readable before the run: %s", exc)
+        return
+    counts = count_truncation(spec, tokenizer, rows[:], effective_max_length(spec, tokenizer))
+    report.truncation = counts.as_dict()
+    report.checks.append("preference_pairs")
+    if counts.truncated:
+        report.notes.append(
+            f"{counts.truncated} of {counts.rows} pairs read lose tokens to truncation ({counts.prompt_cut} in the "
+            f"prompt, {counts.answer_cut} in an answer; max_length {spec.preprocessing.max_length})"
+        )
 
 
 def _sample_tokens(spec: JobSpec, rows: Any) -> dict[str, Any] | None:

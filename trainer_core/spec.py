@@ -25,6 +25,7 @@ from trainer_core.spec_adapter import AdapterSpec
 from trainer_core.spec_base import StrictModel, combination_error
 from trainer_core.spec_init_from import InitFromSpec
 from trainer_core.spec_integrations import IntegrationsSpec
+from trainer_core.spec_preference import PREFERENCE_METHODS, REWARD_METRICS, Method, PreferenceSpec, method_errors
 
 Task = Literal["text-classification", "image-classification", "audio-classification", "causal-lm"]
 TEXT_TASKS = frozenset({"text-classification", "causal-lm"})
@@ -33,7 +34,7 @@ MixedPrecision = Literal["no", "fp16", "bf16"]
 MetricName = Literal["accuracy", "f1", "precision", "recall"]
 # An evaluation value by name (`eval_loss`, `eval_accuracy`, or without the prefix): what early stopping
 # and the best checkpoint decide by; JobSpec checks it is one the run's evaluations report.
-EvalMetric = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
+EvalMetric = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+(/[a-z_]+)?$")]
 SchedulerName = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]
 EvalStrategy = Literal["no", "steps", "epoch"]
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
@@ -92,6 +93,8 @@ class DatasetSpec(StrictModel):
     prompt_column: str = Field(default="prompt", description="causal-lm: prompt of a prompt/completion pair.")
     completion_column: str = Field(default="completion", description="causal-lm: completion of the pair.")
     messages_column: str = Field(default="messages", description="causal-lm: chat turns (`role`, `content`).")
+    chosen_column: str = Field(default="chosen", description="dpo/orpo: the preferred answer (text or chat turns).")
+    rejected_column: str = Field(default="rejected", description="dpo/orpo: the answer not preferred.")
     text_pair_column: str | None = None
     image_column: str = "image"
     audio_column: str = "audio"
@@ -123,6 +126,10 @@ class PreprocessingSpec(StrictModel):
         default=False, description="causal-lm: count prompt / user tokens in the loss too (default: completions only)."
     )
     packing: bool = Field(default=False, description="causal-lm: concatenate examples up to `max_length`.")
+    max_prompt_length: int | None = Field(
+        default=None, ge=1, le=32768, description="dpo/orpo: a prompt keeps at most this many tokens (its last). "
+        "A prompt and answer longer than `max_length` lose prompt tokens first, then the answer's end.",
+    )  # fmt: skip
 
 
 class TrainingSpec(StrictModel):
@@ -307,6 +314,10 @@ class JobSpec(StrictModel):
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     task: Task
+    method: Method = Field(
+        default="sft", description="causal-lm: `sft` (supervised), or preference tuning with `dpo` or `orpo` on "
+        "prompt/chosen/rejected rows (settings in `preference`).",
+    )  # fmt: skip
     model: ModelSpec
     dataset: DatasetSpec
     preprocessing: PreprocessingSpec = Field(default_factory=PreprocessingSpec)
@@ -327,6 +338,9 @@ class JobSpec(StrictModel):
     )
     checkpointing: CheckpointingSpec | None = Field(
         default=None, description="Checkpoint settings in one section (each is also a `training` field)."
+    )
+    preference: PreferenceSpec | None = Field(
+        default=None, description="DPO/ORPO settings (method `dpo` or `orpo`); the defaults when left out."
     )
 
     @model_validator(mode="after")
@@ -372,6 +386,15 @@ class JobSpec(StrictModel):
         for name in ("packing", "train_on_prompt"):
             if getattr(self.preprocessing, name) and self.task != "causal-lm":
                 raise combination_error(f"preprocessing.{name}", "applies to task 'causal-lm' only")
+        for field, message in method_errors(self.method, self.preference, self.task):
+            raise combination_error(field, message)
+        if self.is_preference:
+            # Each row is a chosen/rejected pair sharing one prompt, and the prompt never counts in the loss.
+            for name in ("packing", "train_on_prompt"):
+                if getattr(self.preprocessing, name):
+                    raise combination_error(f"preprocessing.{name}", f"not used with method {self.method!r}")
+        elif self.preprocessing.max_prompt_length is not None:
+            raise combination_error("preprocessing.max_prompt_length", "applies to method 'dpo' or 'orpo' only")
         adapter, mixed = self.adapter, self.efficiency.mixed_precision
         if adapter is not None and adapter.type == "qlora" and mixed != "no" and adapter.compute_dtype != mixed:
             raise combination_error(
@@ -394,6 +417,16 @@ class JobSpec(StrictModel):
                 raise combination_error(f"integrations.{tracker}", f"add '{tracker}' to training.report_to to use it")
         return self
 
+    @property
+    def is_preference(self) -> bool:
+        """Whether the job tunes on preference pairs (``dpo`` or ``orpo``)."""
+        return self.method in PREFERENCE_METHODS
+
+    @property
+    def preference_settings(self) -> PreferenceSpec:
+        """The ``preference`` section, or its defaults when the spec leaves it out."""
+        return self.preference if self.preference is not None else PreferenceSpec()
+
     def written_as(self, training_field: str) -> str:
         """Where the spec gives a ``training`` field: its ``checkpointing`` name when it came from there."""
         given = self.checkpointing.model_fields_set if self.checkpointing is not None else set()
@@ -407,7 +440,10 @@ class JobSpec(StrictModel):
 
     def evaluation_metrics(self) -> list[str]:
         """The values an evaluation of this run reports (trainer_core.backends.common.eval_values)."""
-        names = ["perplexity"] if self.task == "causal-lm" else list(self.metrics)
+        if self.is_preference:
+            names = list(REWARD_METRICS)
+        else:
+            names = ["perplexity"] if self.task == "causal-lm" else list(self.metrics)
         return ["eval_loss", *map(metric_key, names)]
 
 

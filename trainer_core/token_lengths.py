@@ -10,6 +10,8 @@ the run does:
   them into micro-batches (simulated here on the rows, with the run's rule); without it a micro-batch
   is ``B`` rows drawn at random, whose longest has the order-statistics expectation
   ``sum_k L(k) x ((k/n)^B - ((k-1)/n)^B)`` over the sorted lengths ``L``.
+- **preference pairs** (``method`` dpo/orpo): a sample is its chosen and its rejected sequence, two
+  rows of the batch padded alike, so its length is twice the longer one (``max_length`` caps each).
 - **packing** (causal-LM) packs the rows read as the run does (best-fit decreasing,
   trainer_core/data/packing.py): a sample is a packed row, ``samples_per_row`` is packed rows over rows
   read, and the packed rows are batched and padded as above (eager and SDPA keep a batch as ``B`` rows
@@ -51,6 +53,12 @@ def measured_lengths(spec: JobSpec, rows: Any) -> list[int] | None:
         return None
     tokenizer = load_tokenizer(spec)
     max_length = effective_max_length(spec, tokenizer)
+    if spec.is_preference:
+        from trainer_core.data.preference import make_preference_encoder
+
+        encoded_pairs = make_preference_encoder(spec, tokenizer, max_length).pairs(rows[:])
+        # A pair is two rows of the batch, each padded to the longest: twice its longer sequence.
+        return [2 * max(len(p.chosen_ids), len(p.rejected_ids)) for p in encoded_pairs if p.trainable]
     if spec.task == "causal-lm":
         from trainer_core.data.causal_lm import has_targets, make_lm_encoder
         from trainer_core.data.loading import lm_shape
@@ -85,7 +93,8 @@ def _random_padding(lengths: list[int], batch: int) -> float:
 
 def sample_tokens(spec: JobSpec, lengths: list[int]) -> SampleTokens:
     """Positions per sample and samples per row of a run of ``spec`` on rows of these ``lengths``."""
-    limit = spec.preprocessing.max_length
+    # A preference sample is two sequences of at most max_length each.
+    limit = spec.preprocessing.max_length * (2 if spec.is_preference else 1)
     lengths = [min(length, limit) for length in lengths if length > 0]
     if not lengths:
         return SampleTokens(float(limit), 1.0, 0)

@@ -53,13 +53,15 @@ FLOAT_FIELDS = float_fields()
 
 
 def spec_with(field: str, value: Any) -> dict[str, Any]:
-    """A valid spec in which ``field`` applies (its optimizer, an adapter), set to ``value``."""
+    """A valid spec in which ``field`` applies (its optimizer, an adapter, a DPO job), set to ``value``."""
     spec = make_spec()
     section, name = field.split(".")
     if section == "optimizer":
         spec["optimizer"] = {"name": next(n for n, e in OPTIMIZER_TABLE.items() if name in e.fields)}
     if section == "adapter":
         spec["adapter"] = {"type": "lora"}
+    if section == "preference":
+        spec.update(task="causal-lm", method="dpo")
     spec.setdefault(section, {})[name] = value
     return spec
 

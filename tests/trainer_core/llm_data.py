@@ -59,6 +59,36 @@ def write_lm_jsonl(directory: Path, shape: str, n_train: int = 24, n_val: int = 
     return files
 
 
+def preference_rows(shape: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` prompt/chosen/rejected rows with a clear preference (a kind answer over an unkind one), as
+    plain ``text`` or ``chat`` messages (the prompt a user turn, each answer an assistant turn)."""
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    for _ in range(n):
+        subject = rng.choice(SUBJECTS)
+        question = rng.choice(QUESTIONS).format(s=subject)
+        chosen = f"{subject} was {rng.choice(POSITIVE)}, really {rng.choice(POSITIVE)}"
+        rejected = f"{subject} was {rng.choice(NEGATIVE)}, really {rng.choice(NEGATIVE)}"
+        if shape == "text":
+            rows.append({"prompt": question, "chosen": f" {chosen}.", "rejected": f" {rejected}."})
+        else:
+            rows.append({"prompt": [{"role": "user", "content": question}],
+                         "chosen": [{"role": "assistant", "content": chosen}],
+                         "rejected": [{"role": "assistant", "content": rejected}]})  # fmt: skip
+    return rows
+
+
+def write_preference_jsonl(directory: Path, shape: str, n_train: int = 32, n_val: int = 8) -> dict[str, str]:
+    """``train.jsonl`` and ``validation.jsonl`` of :func:`preference_rows`; returns the spec's ``data_files``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, n, seed in (("train", n_train, 0), ("validation", n_val, 1)):
+        path = directory / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in preference_rows(shape, n, seed)), encoding="utf-8")
+        files[split] = str(path)
+    return files
+
+
 def write_lm_tokenizer(directory: Path, vocab_size: int = 300, chat_template: bool = True) -> Path:
     """A WordPiece tokenizer trained on every word the LM rows and the chat template use, saved to
     ``directory`` (with :data:`CHAT_TEMPLATE` unless ``chat_template`` is False)."""

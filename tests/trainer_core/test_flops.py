@@ -145,3 +145,47 @@ def test_a_runs_work_is_its_samples_times_a_sample_plus_its_evaluations() -> Non
     forward, train = flops_of(spec)
     assert (work.train, work.eval) == (80 * train, 2 * 10 * forward)
     assert work.total == work.train + work.eval
+
+
+def pair_flops(spec: JobSpec) -> tuple[int, int, int, int]:
+    """(tokens, forward, train, precompute) of one DPO/ORPO pair."""
+    pair = sample_flops(model_structure(spec.model, spec.task), spec)
+    return pair.tokens, pair.forward, pair.train, pair.precompute
+
+
+def test_an_orpo_pair_is_its_two_sequences_forward_and_backward() -> None:
+    layers, head, attention = llama_base()
+    forward = 2 * layers + 2 * head + attention  # one sequence of 16 positions
+    assert pair_flops(spec_of("causal-lm", LLAMA, method="orpo")) == (2 * S, 2 * forward, 6 * forward, 0)
+
+
+def test_dpo_scores_its_reference_every_step_or_once_before_training() -> None:
+    layers, head, attention = llama_base()
+    forward = 2 * layers + 2 * head + attention
+    # The frozen copy's forward of both sequences: a third of their training work, on every sample.
+    assert pair_flops(spec_of("causal-lm", LLAMA, method="dpo")) == (2 * S, 4 * forward, 8 * forward, 0)
+    precomputed = spec_of("causal-lm", LLAMA, method="dpo", preference={"reference": "precomputed"},
+                          training={"num_train_epochs": 2, "per_device_train_batch_size": 8})  # fmt: skip
+    assert pair_flops(precomputed) == (2 * S, 2 * forward, 6 * forward, 2 * forward)
+    # Two epochs of 40 pairs, two evaluations of 10; each row scored once, before training.
+    work = training_flops(model_structure(precomputed.model, "causal-lm"), precomputed, train_rows=40, eval_rows=10)
+    assert (work.train, work.eval) == (80 * 6 * forward + 40 * 2 * forward, 20 * 2 * forward + 10 * 2 * forward)
+
+
+def test_a_dpo_adapters_reference_is_the_base_without_its_branches() -> None:
+    layers, head, attention = llama_base()
+    in_out = 2 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 128) + (128 + 64))
+    lora_forward = 2 * 8 * in_out * S
+    forward = 2 * layers + 2 * head + lora_forward + attention
+    backward = 2 * layers + 2 * head + 2 * lora_forward + 2 * attention
+    reference = 2 * layers + 2 * head + attention  # adapter disabled
+    adapter = {"type": "lora", "r": 8, "target_modules": "all-linear"}
+    spec = spec_of("causal-lm", LLAMA, method="dpo", adapter=adapter)
+    assert pair_flops(spec) == (2 * S, 2 * (forward + reference), 2 * (forward + backward + reference), 0)
+
+
+def test_measured_tokens_of_a_pair_are_both_sequences() -> None:
+    """token_lengths.py measures a pair as both its (padded) sequences: each is half of them."""
+    spec = spec_of("causal-lm", LLAMA, method="orpo")
+    structure = model_structure(spec.model, spec.task)
+    assert sample_flops(structure, spec, 2 * S) == sample_flops(structure, spec)

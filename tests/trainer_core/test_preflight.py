@@ -116,3 +116,27 @@ def test_preflight_key_follows_the_files_it_reads(tmp_path: Path) -> None:
     assert preflight_key(spec) is None  # missing file: preflight itself must say so
     pattern = parse_spec(datagen.tiny_text_spec({"train": str(tmp_path / "*.csv")}))
     assert preflight_key(pattern) is None  # a glob may match other files next time
+
+
+def test_preference_pairs_are_counted_and_refused_by_their_fields(tmp_path: Path) -> None:
+    from tests.trainer_core.llm_data import lm_spec, write_lm_tokenizer, write_preference_jsonl
+
+    tokenizer = write_lm_tokenizer(tmp_path / "tok")
+    chat = write_preference_jsonl(tmp_path / "chat", "chat", n_train=20)
+    spec = lm_spec(chat, tokenizer, method="dpo", preprocessing={"max_length": 6, "max_prompt_length": 4})
+    report = preflight(parse_spec(spec))
+    assert "preference_pairs" in report.checks and report.splits["train"]["rows"] == 20
+    counts = report.truncation
+    assert counts is not None and counts["rows"] == 20 and counts["prompt_cut"] == 20  # every prompt is > 4 tokens
+    assert counts["truncated"] >= counts["answer_cut"] > 0 and any("truncation" in note for note in report.notes)
+    roomy = preflight(parse_spec({**spec, "preprocessing": {"max_length": 64}})).truncation
+    assert roomy == {"rows": 20, "prompt_cut": 0, "answer_cut": 0, "truncated": 0, "dropped": 0}
+
+    no_template = write_lm_tokenizer(tmp_path / "plain", chat_template=False)
+    with pytest.raises(PreflightError) as refused:
+        preflight(parse_spec(lm_spec(chat, no_template, method="orpo")))
+    assert [e.field for e in refused.value.errors] == ["model.tokenizer"]
+    renamed = lm_spec(chat, tokenizer, method="dpo", dataset={"path": "json", "data_files": chat, "chosen_column": "a"})
+    with pytest.raises(PreflightError) as missing:
+        preflight(parse_spec(renamed))
+    assert [e.field for e in missing.value.errors] == ["dataset.chosen_column"]

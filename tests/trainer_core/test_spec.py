@@ -310,3 +310,38 @@ def test_the_checkpointing_section_sets_the_training_fields_the_run_reads() -> N
 def test_init_from_names_a_job_or_a_path(init_from: dict[str, Any], field: str) -> None:
     assert error_fields({**EXAMPLE, "init_from": init_from}) == [field]
     assert parse_spec({**EXAMPLE, "init_from": {"job": "abc"}}).init_from.checkpoint == "last"  # type: ignore[union-attr]
+
+
+def test_preference_methods_take_their_defaults_and_evaluate_rewards() -> None:
+    spec = parse_spec({**LLM, "method": "dpo", "preprocessing": {"max_prompt_length": 64}})
+    settings = spec.preference_settings  # TRL's DPOConfig defaults when the section is left out
+    assert spec.is_preference and (settings.beta, settings.loss_type, settings.reference) == (0.1, "sigmoid", "base")
+    assert "eval_rewards/accuracies" in spec.evaluation_metrics() and "eval_perplexity" not in spec.evaluation_metrics()
+    best = parse_spec({**LLM, "method": "orpo", "preprocessing": {},
+                       "training": {"metric_for_best_model": "rewards/accuracies"}})  # fmt: skip
+    assert best.training.best_metric == "eval_rewards/accuracies" and best.training.best_higher_is_better
+    assert not parse_spec(LLM).is_preference and parse_spec(LLM).method == "sft"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [({"task": "text-classification", "method": "dpo", "model": {"name_or_path": "m"}, "dataset": EXAMPLE["dataset"]},
+      "method"),
+     ({"preference": {"beta": 0.2}}, "preference"),  # a preference section on an SFT job
+     ({"method": "orpo", "preference": {"reference": "precomputed"}}, "preference.reference"),
+     ({"method": "orpo", "preference": {"loss_type": "ipo"}}, "preference.loss_type"),
+     ({"method": "dpo", "preference": {"loss_type": "hinge", "label_smoothing": 0.1}}, "preference.label_smoothing"),
+     ({"method": "dpo", "preference": {"beta": 0}}, "preference.beta"),
+     ({"method": "kto"}, "method"),
+     ({"method": "dpo", "preprocessing": {"packing": True}}, "preprocessing.packing"),
+     ({"method": "dpo", "preprocessing": {"train_on_prompt": True}}, "preprocessing.train_on_prompt"),
+     ({"preprocessing": {"max_prompt_length": 64}}, "preprocessing.max_prompt_length"),
+     ({"method": "dpo", "training": {"metric_for_best_model": "perplexity", "keep_best_checkpoint": True}},
+      "training.metric_for_best_model")],
+)  # fmt: skip
+def test_preference_refusals_name_their_field(changes: dict[str, Any], field: str) -> None:
+    doc = {**copy.deepcopy(LLM), "preprocessing": {}, **changes}
+    if doc["task"] != "causal-lm":
+        doc.pop("adapter"), doc.pop("efficiency")
+        doc["preprocessing"] = {}
+    assert error_fields(doc) == [field]

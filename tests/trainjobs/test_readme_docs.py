@@ -127,3 +127,21 @@ def test_the_failure_reason_table_says_what_the_code_does() -> None:
             assert spec_field_exists(dotted), (reason, dotted)
         for setting in re.findall(r"`(TRAINJOBS_[A-Z_]+)`", meaning):
             assert setting in aliases, (reason, setting)
+
+
+def test_the_preference_tuning_example_is_a_valid_spec_with_the_defaults_it_states() -> None:
+    import yaml
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Preference tuning", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    spec = JobSpec.model_validate(yaml.safe_load(block))
+    assert spec.method == "dpo" and spec.init_from is not None and spec.adapter is not None
+    written = spec.preference_settings
+    defaults = type(written)()
+    assert (written.beta, written.loss_type, written.label_smoothing, written.reference) == (
+        defaults.beta, defaults.loss_type, defaults.label_smoothing, defaults.reference
+    )  # the comments call them the defaults
+    assert (spec.dataset.prompt_column, spec.dataset.chosen_column, spec.dataset.rejected_column) == (
+        "prompt", "chosen", "rejected"
+    )

@@ -1,7 +1,8 @@
 """The hand-written ``Accelerator`` loop: read it top to bottom like accelerate's
 ``examples/by_feature/local_sgd.py``.
 
-Data -> model -> optimizer (trainjobs' own) -> ``prepare`` -> one visible step (``accumulate``,
+Data -> model -> objective (the loss: the model's own, or DPO/ORPO's with its reference,
+trainer_core/backends/objective.py) -> optimizer (trainjobs' own) -> ``prepare`` -> one visible step (``accumulate``,
 ``backward``, clipping, optimizer and scheduler step, ``zero_grad``, ``LocalSGD`` step) with the
 bookkeeping (:class:`_Bookkeeping`: events, evaluation, checkpoints, stop) called around it ->
 evaluation under ``torch.no_grad`` with ``gather_for_metrics``. Host syncs (``.item()``) happen only
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -23,7 +24,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainer_core.backends.common import (
-    LENGTH_COLUMN,
     RunEvents,
     StepPlan,
     backend_trackers,
@@ -38,8 +38,18 @@ from trainer_core.backends.common import (
     save_processor,
     start_optimizer,
     train_summary,
+    without_length,
 )
 from trainer_core.backends.context import BackendResult, RunContext
+from trainer_core.backends.objective import (
+    MetricWindow,
+    Objective,
+    batch_samples,
+    per_example,
+    reward_means,
+    start_objective,
+)
+from trainer_core.backends.reference import keep_reference_logps
 from trainer_core.backends.sampling import EpochSampler, eval_order
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, rotate_checkpoints, write_meta
 from trainer_core.optimizers import build_optimizer
@@ -49,8 +59,7 @@ logger = logging.getLogger(__name__)
 
 def _without_lengths(dataset: Dataset) -> tuple[Dataset, list[int] | None]:
     """The dataset the model sees (no ``length`` column) and the lengths for grouping."""
-    lengths = column_lengths(dataset)
-    return (dataset if lengths is None else dataset.remove_columns(LENGTH_COLUMN)), lengths
+    return without_length(dataset), column_lengths(dataset)
 
 
 def _dataloaders(ctx: RunContext, collator: Any) -> tuple[DataLoader, DataLoader | None]:
@@ -87,17 +96,28 @@ def _dataloaders(ctx: RunContext, collator: Any) -> tuple[DataLoader, DataLoader
 
 
 def evaluate(
-    accelerator: Accelerator, model: nn.Module, eval_dl: DataLoader, ctx: RunContext
+    accelerator: Accelerator, model: nn.Module, eval_dl: DataLoader, ctx: RunContext, objective: Objective
 ) -> dict[str, float]:
     """Loss and metrics over the whole eval split, gathered from every process.
 
     A causal LM is scored by its loss alone (and the perplexity derived from it): no logits are kept.
+    A preference run is scored by its objective: the loss and the reward metrics, weighted by pairs.
     """
-    scores_predictions = ctx.spec.task != "causal-lm"
+    spec = ctx.spec
+    scores_predictions = spec.task != "causal-lm"
     model.eval()
-    losses, preds, refs = [], [], []
+    losses, preds, refs, rewards = [], [], [], []
     with torch.no_grad():
         for batch in eval_dl:
+            if spec.is_preference:
+                pair_loss, metrics = objective(model, batch)
+                pairs = batch_samples(spec, batch)
+                rows, loss = accelerator.gather_for_metrics(
+                    (per_example(metrics, pairs), pair_loss.detach().float().repeat(pairs))
+                )
+                rewards.append(rows)
+                losses.append(loss)
+                continue
             out = model(**batch)
             labels = batch["labels"]
             # Weight each batch's mean loss by its size, as Trainer does.
@@ -116,6 +136,7 @@ def evaluate(
         torch.cat(refs).cpu().numpy() if refs else None,
         len(ctx.data.labels),
         float(torch.cat(losses).mean().item()),
+        reward_means(torch.cat(rewards).cpu()) if rewards else None,
     )
 
 
@@ -134,6 +155,7 @@ def _save_checkpoint(book: _Bookkeeping, progress: TrainProgress, epoch: float) 
         else:
             model.config.save_pretrained(str(ckpt))
         save_processor(ctx.data.processor, ckpt)
+        keep_reference_logps(ctx.spec, ctx.output_dir, ckpt)
         write_meta(ckpt, ctx.spec, progress, "accelerate", evaluations)
         book.events.checkpoint_saved(progress.global_step, epoch)
         rotate_checkpoints(ctx.output_dir, ctx.spec.training.save_total_limit, book.events.best.protected())
@@ -177,6 +199,7 @@ class _Bookkeeping:
     scheduler: Any
     eval_dl: DataLoader | None
     plan: StepPlan
+    objective: Objective
     global_step: int = 0
     grad_norm: torch.Tensor | None = None
     loss_sum: torch.Tensor | None = None  # since the last metric event
@@ -184,6 +207,7 @@ class _Bookkeeping:
     loss_total: torch.Tensor | None = None  # this session, for the train summary
     batches: int = 0
     samples: int = 0
+    rewards: MetricWindow = field(default_factory=MetricWindow)  # a preference run's, since the last metric event
     events: RunEvents = field(init=False)
     unwrapped: nn.Module = field(init=False)
 
@@ -196,9 +220,10 @@ class _Bookkeeping:
         """The last step is done, or early stopping ended training at the evaluation just made."""
         return self.global_step >= self.plan.total_steps or self.events.stop_early
 
-    def after_batch(self, batch: dict[str, torch.Tensor], loss: torch.Tensor) -> None:
-        """Count a micro-batch and add its loss, without a host sync."""
-        self.samples += int(batch["labels"].shape[0])
+    def after_batch(self, batch: dict[str, torch.Tensor], loss: torch.Tensor, metrics: dict[str, torch.Tensor]) -> None:
+        """Count a micro-batch's examples and add its loss and metrics, without a host sync."""
+        self.samples += batch_samples(self.ctx.spec, batch)
+        self.rewards.add(metrics)
         detached = loss.detach().float()
         self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
         self.loss_total = detached if self.loss_total is None else self.loss_total + detached
@@ -216,6 +241,7 @@ class _Bookkeeping:
                 "loss": self.loss_sum.item() / self.loss_count,
                 "learning_rate": self.scheduler.get_last_lr()[0],
                 "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
+                **self.rewards.means(self.accelerator),
             }
             self.events.metric(self.global_step, epoch_float, values)
             self._report(values)
@@ -232,7 +258,7 @@ class _Bookkeeping:
     def evaluate(self, epoch_float: float) -> None:
         if self.eval_dl is None:
             return
-        values = evaluate(self.accelerator, self.model, self.eval_dl, self.ctx)
+        values = evaluate(self.accelerator, self.model, self.eval_dl, self.ctx, self.objective)
         self.events.evaluated(self.global_step, epoch_float, values)
         self._report(values)
 
@@ -264,6 +290,9 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
         accelerator.init_trackers("runs", config={"spec": spec.model_dump_json()})
     fresh = ctx.resume_from is None
     model = build_training_model(spec, ctx.data.labels, fresh=fresh)
+    # Before `prepare`: a preference run's reference is the starting model (and a precomputed one its rows').
+    objective, data = start_objective(ctx, model, accelerator)
+    ctx = replace(ctx, data=data)
     optimizer = build_optimizer(model, spec.optimizer, t.learning_rate, t.weight_decay)
     start_optimizer(spec, optimizer, fresh)
     train_dl, eval_dl = _dataloaders(ctx, collator_for(ctx.data.collator, model, ctx.emit))
@@ -279,7 +308,9 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     if spec.adapter is not None:
         _adapter_checkpoints(accelerator)
     start = _load_checkpoint(accelerator, ctx)
-    book = _Bookkeeping(ctx, accelerator, model, optimizer, scheduler, eval_dl, plan, global_step=start.global_step)
+    book = _Bookkeeping(
+        ctx, accelerator, model, optimizer, scheduler, eval_dl, plan, objective, global_step=start.global_step
+    )
 
     cancelled = False
     started = time.perf_counter()
@@ -296,7 +327,7 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
             for batch in accelerator.skip_first_batches(train_dl, skip) if skip else train_dl:
                 batch_index += 1
                 with accelerator.accumulate(model):
-                    loss = model(**batch).loss
+                    loss, metrics = objective(model, batch)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and t.max_grad_norm > 0:
                         book.grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
@@ -306,7 +337,7 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
                     optimizer.zero_grad(set_to_none=True)
                     if accelerator.sync_gradients:
                         local_sgd.step()  # counts optimizer steps, not micro-batches: local_sgd_steps means updates
-                book.after_batch(batch, loss)
+                book.after_batch(batch, loss, metrics)
                 if accelerator.sync_gradients:
                     cancelled = book.after_update(epoch, batch_index)
                     if cancelled or book.finished:

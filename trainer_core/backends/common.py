@@ -41,6 +41,11 @@ def column_lengths(dataset: Dataset) -> list[int] | None:
     return [int(n) for n in dataset[LENGTH_COLUMN]]
 
 
+def without_length(dataset: Dataset) -> Dataset:
+    """``dataset`` without its ``length`` column (the samplers take the lengths, the model does not)."""
+    return dataset.remove_columns(LENGTH_COLUMN) if LENGTH_COLUMN in dataset.column_names else dataset
+
+
 def build_training_model(spec: JobSpec, labels: list[str], *, fresh: bool = True) -> nn.Module:
     """The model, seeded first so a random init is reproducible, with gradient checkpointing if asked.
 
@@ -141,12 +146,21 @@ def build_scheduler(
 
 
 def eval_values(
-    spec: JobSpec, predictions: np.ndarray | None, references: np.ndarray | None, num_labels: int, loss: float | None
+    spec: JobSpec,
+    predictions: np.ndarray | None,
+    references: np.ndarray | None,
+    num_labels: int,
+    loss: float | None,
+    rewards: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """``eval_loss`` and the spec's metrics (a causal LM's: perplexity), keys prefixed ``eval_`` as Trainer's."""
+    """``eval_loss`` and the spec's metrics, keys prefixed ``eval_`` as Trainer's: a causal LM's perplexity,
+    or a DPO/ORPO run's ``rewards`` (the reward metrics, REWARD_METRICS)."""
     from trainer_core.metrics import compute_metrics, language_model_metrics
 
-    if spec.task == "causal-lm":
+    if spec.is_preference:
+        assert loss is not None and rewards is not None  # the preference objective computes both
+        scores = rewards
+    elif spec.task == "causal-lm":
         assert loss is not None  # a language model always computes its loss
         scores = language_model_metrics(loss)
     else:

@@ -1,7 +1,9 @@
 """The 🤗 ``Trainer`` backend: TrainingArguments from the spec, trainjobs' own optimizer and scheduler.
 
 A callback turns Trainer's hooks into trainjobs events, marks checkpoints as self-describing, and
-polls the stop signal after every optimizer step.
+polls the stop signal after every optimizer step. A DPO/ORPO run's loss and reward metrics come from
+the shared objective (trainer_core/backends/objective.py) through ``compute_loss`` and
+``prediction_step``; everything else is the SFT run's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import EvalLoopOutput
 
 from trainer_core.backends.common import (
     LENGTH_COLUMN,
@@ -39,13 +42,24 @@ from trainer_core.backends.common import (
     save_processor,
     start_optimizer,
     train_summary,
+    without_length,
     world_size,
 )
 from trainer_core.backends.context import BackendResult, RunContext
+from trainer_core.backends.objective import (
+    MetricWindow,
+    Objective,
+    batch_samples,
+    per_example,
+    reward_means,
+    start_objective,
+)
+from trainer_core.backends.reference import keep_reference_logps
 from trainer_core.backends.sampling import EpochSampler, eval_order
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, rotate_checkpoints, write_meta
 from trainer_core.metrics import compute_metrics
 from trainer_core.optimizers import build_optimizer
+from trainer_core.spec_preference import REWARD_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +86,45 @@ class _SeededOrderTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self._train_lengths = train_lengths
         self._eval_lengths = eval_lengths
-        self.samples_seen = 0  # this process's training samples, for the train summary
+        self.samples_seen = 0  # this process's training samples (pairs for DPO/ORPO), for the train summary
+        self.objective: Objective | None = None  # a preference run's loss (start_objective); else the model's
+        self._rewards = MetricWindow()  # reward metrics since the last logged loss
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        self.samples_seen += int(inputs["labels"].shape[0])
+        self.samples_seen += batch_samples(self.objective.spec, inputs) if self.objective else len(inputs["labels"])
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(
+        self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        if self.objective is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss, metrics = self.objective(model, inputs)
+        self._rewards.add(metrics)
+        return (loss, None) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # a training log: the reward metrics of the same window beside the loss
+            logs.update(self._rewards.means(self.accelerator))
+        super().log(logs, start_time)
+
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: Any = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        if self.objective is None:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss, metrics = self.objective(model, inputs)
+        # The metrics ride as "predictions", so Trainer gathers them across processes like the loss.
+        return loss.detach(), per_example(metrics, batch_samples(self.objective.spec, inputs)), None
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> EvalLoopOutput:
+        output = super().evaluation_loop(*args, **kwargs)
+        if self.objective is not None and output.predictions is not None and output.metrics is not None:
+            prefix = kwargs.get("metric_key_prefix", "eval")
+            output.metrics.update({f"{prefix}_{k}": v for k, v in reward_means(output.predictions).items()})
+        return output
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
         dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
@@ -116,6 +164,7 @@ class _RunCallback(TrainerCallback):
     ) -> None:
         if logs and "loss" in logs:
             values = {k: logs.get(k) for k in ("loss", "learning_rate", "grad_norm")}
+            values.update({k: logs[k] for k in REWARD_METRICS if k in logs})
             self.events.metric(state.global_step, state.epoch, values)
 
     def on_evaluate(
@@ -128,7 +177,8 @@ class _RunCallback(TrainerCallback):
     ) -> None:
         values = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_BOOKKEEPING}
         if self.ctx.spec.task == "causal-lm" and "eval_loss" in values:
-            values = eval_values(self.ctx.spec, None, None, 0, values["eval_loss"])
+            rewards = {k: values[f"eval_{k}"] for k in REWARD_METRICS if f"eval_{k}" in values}
+            values = eval_values(self.ctx.spec, None, None, 0, values["eval_loss"], rewards or None)
             if metrics is not None:  # what trainer.evaluate() returns, and trackers log, has it too
                 metrics.update(values)
         self.events.evaluated(state.global_step, state.epoch, values)
@@ -143,6 +193,7 @@ class _RunCallback(TrainerCallback):
             # Trainer itself resumes by epoch and step from trainer_state.json; the rest is description.
             progress = TrainProgress(state.global_step, int(state.epoch or 0), 0)
             save_processor(self.ctx.data.processor, ckpt)  # a checkpoint loads on its own, tokenizer included
+            keep_reference_logps(self.ctx.spec, self.ctx.output_dir, ckpt)
             write_meta(ckpt, self.ctx.spec, progress, "trainer", self.events.checkpoint_written(state.global_step))
             self.events.checkpoint_saved(state.global_step, state.epoch)
             keep = self.ctx.spec.training.save_total_limit
@@ -189,6 +240,8 @@ def training_arguments(ctx: RunContext) -> TrainingArguments:
         disable_tqdm=True,
         # Trainer's NaN filter reads the loss on the host every step: a device sync per step.
         logging_nan_inf_filter=False,
+        # Preference rows reach their collator whole (chosen_*/rejected_*, reference log-probs).
+        remove_unused_columns=not spec.is_preference,
     )
 
 
@@ -231,6 +284,8 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     trainer.model_accepts_loss_kwargs = False
     # With tqdm off, Trainer prints every log dict to stdout, which is the event stream under --jsonl.
     trainer.remove_callback(PrinterCallback)
+    if spec.is_preference:
+        _start_preference(trainer, ctx, model)
     started = time.perf_counter()
     train_loss = _train_or_restore(trainer, ctx, plan.total_steps)
     runtime = time.perf_counter() - started
@@ -246,6 +301,14 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
         save_final_extras(spec, model, data.processor, ctx.output_dir)
     final_eval = callback.events.final_eval(load_best)
     return BackendResult(status="succeeded", global_step=global_step, eval_metrics=final_eval, train=train)
+
+
+def _start_preference(trainer: _SeededOrderTrainer, ctx: RunContext, model: nn.Module) -> None:
+    """DPO/ORPO: the objective and its reference, once the model is on its device and before Trainer
+    prepares it; the rows without ``length`` (the sampler has the lengths; the collator takes the rest)."""
+    trainer.objective, data = start_objective(ctx, model, trainer.accelerator)
+    trainer.train_dataset = without_length(data.train)
+    trainer.eval_dataset = without_length(data.eval) if data.eval is not None else None
 
 
 def _train_or_restore(trainer: Trainer, ctx: RunContext, total_steps: int) -> float | None:

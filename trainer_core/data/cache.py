@@ -24,6 +24,7 @@ from datasets import Dataset, load_from_disk
 
 from trainer_core.data.causal_lm import LM_ENCODING_RECIPE
 from trainer_core.data.packing import PACKING_RECIPE
+from trainer_core.data.preference import PREFERENCE_ENCODING_RECIPE
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, DatasetSpec, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def cache_key(spec: JobSpec, processor_identity: dict[str, Any]) -> str:
         "columns": ds.model_dump(include={"text_column", "text_pair_column", "image_column", "audio_column",
                                           "label_column", *_LM_COLUMNS}),
         # How causal-lm rows are tokenised and masked (bumped when that changes).
-        "encoding": LM_ENCODING_RECIPE if spec.task == "causal-lm" else None,
+        "encoding": _encoding_recipe(spec),
         "splits": {
             "train_split": ds.train_split,
             "eval_split": ds.eval_split,
@@ -118,7 +119,16 @@ def cache_key(spec: JobSpec, processor_identity: dict[str, Any]) -> str:
     }
     if spec.task == "causal-lm" and spec.preprocessing.packing:  # unpacked keys stay as they were
         parts["packing"] = PACKING_RECIPE
+    if spec.is_preference:  # SFT keys stay as they were
+        parts["preference_columns"] = ds.model_dump(include={"chosen_column", "rejected_column"})
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _encoding_recipe(spec: JobSpec) -> str | None:
+    """How text rows become model rows: preference pairs (dpo/orpo) and SFT rows never share an entry."""
+    if spec.is_preference:
+        return PREFERENCE_ENCODING_RECIPE
+    return LM_ENCODING_RECIPE if spec.task == "causal-lm" else None
 
 
 @dataclass

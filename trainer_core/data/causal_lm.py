@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,13 +87,13 @@ def _columns(rows: list[tuple[list[int], list[int]]], max_length: int) -> dict[s
     return {"input_ids": ids, "labels": labels, "length": [len(i) for i in ids]}
 
 
-def _messages(value: Any, column: str) -> list[dict[str, str]]:
-    """A cell of the messages column as a list of ``{role, content}`` (a JSON string is parsed: CSV)."""
+def parse_messages(value: Any, column: str, field: str = "dataset.messages_column") -> list[dict[str, str]]:
+    """A chat cell as a list of ``{role, content}`` (a JSON string is parsed: CSV); errors name ``field``."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise spec_error("dataset.messages_column", f"a {column!r} cell is not JSON: {exc}") from exc
+            raise spec_error(field, f"a {column!r} cell is not JSON: {exc}") from exc
     ok = (
         isinstance(value, list)
         and value
@@ -103,13 +103,11 @@ def _messages(value: Any, column: str) -> list[dict[str, str]]:
         )
     )
     if not ok:
-        raise spec_error(
-            "dataset.messages_column", f"each {column!r} cell must be a non-empty list of {{role, content}} turns"
-        )
+        raise spec_error(field, f"each {column!r} cell must be a non-empty list of {{role, content}} turns")
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     assert isinstance(text, str)
     return text
@@ -117,13 +115,13 @@ def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], 
 
 def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> tuple[str, list[range]]:
     """The rendered conversation and the character span of each assistant turn in it."""
-    full = _render(tokenizer, messages, generation_prompt=False)
+    full = render_chat(tokenizer, messages, generation_prompt=False)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
-        through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        before = render_chat(tokenizer, messages[:i], generation_prompt=True) if i else ""
+        through = render_chat(tokenizer, messages[: i + 1], generation_prompt=False)
         if not (full.startswith(before) and full.startswith(through) and len(before) <= len(through)):
             raise spec_error(
                 "model.tokenizer",
@@ -146,7 +144,7 @@ class ChatEncoder:
     def __call__(self, batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
         rows = []
         for cell in batch[self.messages_column]:
-            text, spans = assistant_spans(self.tokenizer, _messages(cell, self.messages_column))
+            text, spans = assistant_spans(self.tokenizer, parse_messages(cell, self.messages_column))
             # The template writes the special tokens itself (bos included), as apply_chat_template does.
             enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=not self.train_on_prompt)
             ids = list(enc["input_ids"])
@@ -191,9 +189,12 @@ def has_targets(row: Mapping[str, Any]) -> bool:
     return any(label != IGNORE_INDEX for label in row["labels"][1:])
 
 
-def drop_untrainable(dataset: datasets.Dataset, split_name: str, max_length: int) -> datasets.Dataset:
-    """Rows whose counted tokens were all truncated away teach nothing (and make a batch's loss NaN)."""
-    kept = dataset.filter(has_targets, load_from_cache_file=False, desc="Dropping rows without targets")
+def drop_untrainable(
+    dataset: datasets.Dataset, split_name: str, max_length: int, keep: Callable[[Mapping[str, Any]], bool] = has_targets
+) -> datasets.Dataset:
+    """Rows whose counted tokens were all truncated away teach nothing (and make a batch's loss NaN);
+    ``keep`` tells a row to keep (preference rows need a target in both answers)."""
+    kept = dataset.filter(keep, load_from_cache_file=False, desc="Dropping rows without targets")
     dropped = len(dataset) - len(kept)
     if dropped:
         logger.warning("%d %s rows have no counted token within %d tokens; dropped", dropped, split_name, max_length)

@@ -11,6 +11,7 @@ from transformers import AutoConfig, PreTrainedConfig, PreTrainedTokenizerBase
 from trainer_core.data.causal_lm import drop_untrainable, make_lm_encoder
 from trainer_core.data.loading import lm_shape, spec_error
 from trainer_core.data.packing import pack, packing_error
+from trainer_core.data.preference import check_preference_tokenizer, make_preference_encoder, pair_is_trainable
 from trainer_core.data.preprocess import effective_max_length, encode
 from trainer_core.spec import JobSpec
 
@@ -64,7 +65,10 @@ def encode_lm_splits(
     train: datasets.Dataset,
     eval_split: datasets.Dataset | None,
 ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
-    """Tokenise and mask both splits (same shape required), drop rows without targets, then pack."""
+    """Tokenise and mask both splits (same shape required), drop rows without targets, then pack.
+    Preference jobs (method dpo/orpo) get prompt/chosen/rejected pairs instead (never packed)."""
+    if spec.is_preference:
+        return _encode_preference_splits(spec, tokenizer, train, eval_split)
     shape = lm_shape(spec.dataset, train.column_names)
     if eval_split is not None and (eval_shape := lm_shape(spec.dataset, eval_split.column_names)) != shape:
         raise spec_error("dataset.eval_split", f"the eval split holds {eval_shape} data, train holds {shape}")
@@ -80,3 +84,22 @@ def encode_lm_splits(
     train_ready = out[0]
     assert train_ready is not None
     return train_ready, out[1]
+
+
+def _encode_preference_splits(
+    spec: JobSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    train: datasets.Dataset,
+    eval_split: datasets.Dataset | None,
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """Both splits as chosen/rejected sequence pairs (trainer_core/data/preference.py), rows whose
+    truncation leaves an answer nothing to predict dropped."""
+    max_length = effective_max_length(spec, tokenizer)
+    for split in (train, eval_split):
+        if split is not None:  # a sample of prompts tells chat rows (which need a chat template) from text
+            check_preference_tokenizer(tokenizer, spec, split[:1000][spec.dataset.prompt_column])
+    encoder = make_preference_encoder(spec, tokenizer, max_length)
+    train_ready = drop_untrainable(encode(train, encoder), "train", max_length, keep=pair_is_trainable)
+    if eval_split is None:
+        return train_ready, None
+    return train_ready, drop_untrainable(encode(eval_split, encoder), "eval", max_length, keep=pair_is_trainable)

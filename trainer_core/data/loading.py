@@ -163,7 +163,13 @@ def lm_shape(ds: DatasetSpec, columns: list[str]) -> str:
     )
 
 
+# What a preference job (method dpo/orpo) reads: every row a prompt with a chosen and a rejected answer.
+PREFERENCE_FIELDS: tuple[str, ...] = ("prompt_column", "chosen_column", "rejected_column")
+
+
 def _input_fields(spec: JobSpec, split: Dataset) -> tuple[str, ...]:
+    if spec.is_preference:
+        return PREFERENCE_FIELDS
     if spec.task == "causal-lm":
         shape = lm_shape(spec.dataset, split.column_names)
         return next(fields for name, fields in LM_SHAPES if name == shape)

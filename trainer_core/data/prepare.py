@@ -40,7 +40,11 @@ class PreparedData:
     ``pixel_values``, ``input_values``/``input_features``), ``labels`` (int) and ``length`` (int, for
     length-grouped batching; the collator drops it).
 
-    For ``task: causal-lm`` the rows hold ``input_ids``, ``labels`` (a list as long as ``input_ids``,
+    For ``method: dpo`` / ``orpo`` the rows hold ``chosen_input_ids``, ``chosen_labels``,
+    ``rejected_input_ids``, ``rejected_labels`` and ``length`` (the longer sequence), and the collator
+    is a :class:`~trainer_core.data.preference.PreferenceCollator` (2B rows: chosen, then rejected).
+
+    Otherwise, for ``task: causal-lm`` the rows hold ``input_ids``, ``labels`` (a list as long as ``input_ids``,
     -100 on tokens the loss skips) and ``length``; packed rows (``preprocessing.packing``) also hold
     ``position_ids`` restarting at 0 per example. The collator returns ``input_ids``, ``labels`` and
     ``attention_mask`` padded to the batch's longest row (pad id, -100, 0); packed, it is a
@@ -146,7 +150,7 @@ def _prepared(
         train=set_model_format(spec.task, train),
         eval=set_model_format(spec.task, eval_split) if eval_split is not None else None,
         labels=labels,
-        collator=make_collator(spec.task, processor, packing=spec.preprocessing.packing),
+        collator=make_collator(spec.task, processor, packing=spec.preprocessing.packing, preference=spec.is_preference),
         processor=processor,
         cache_hit=cache_hit,
         cache_key=key,

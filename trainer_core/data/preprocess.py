@@ -16,6 +16,7 @@ from trainer_core.data.causal_lm import LMCollator
 from trainer_core.data.image import ImageCollator, ImageEncoder, load_image_processor
 from trainer_core.data.loading import spec_error
 from trainer_core.data.packing import PackedCollator
+from trainer_core.data.preference import PreferenceCollator
 from trainer_core.data.text import (
     TextCollator,
     TextEncoder,
@@ -112,11 +113,14 @@ def make_encoder(spec: JobSpec, processor: Any, label_to_id: Mapping[Any, int]) 
     return AudioEncoder(processor, ds.audio_column, ds.label_column, label_to_id, spec.preprocessing.max_duration_s)
 
 
-def make_collator(task: str, processor: Any, *, packing: bool = False) -> Collator:
+def make_collator(task: str, processor: Any, *, packing: bool = False, preference: bool = False) -> Collator:
     """Dynamic padding for text and audio; stacking for images; for packed causal-lm rows a
-    :class:`PackedCollator` the backends bind to the model's attention implementation."""
+    :class:`PackedCollator` the backends bind to the model's attention implementation; for preference
+    pairs (method dpo/orpo) a :class:`PreferenceCollator` (chosen rows, then rejected rows)."""
     if task == "causal-lm":
         pad = int(processor.pad_token_id)
+        if preference:
+            return PreferenceCollator(pad)
         return PackedCollator(pad) if packing else LMCollator(pad)
     if task == "text-classification":
         return TextCollator(processor)

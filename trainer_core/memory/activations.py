@@ -116,7 +116,8 @@ def _conv_out(length: int, kernel: int, stride: int) -> int:
     return (length - kernel) // stride + 1
 
 
-def _encoder_shapes(structure: ModelStructure, s: int) -> list[LayerShape]:
+def encoder_shapes(structure: ModelStructure, s: int) -> list[LayerShape]:
+    """The transformer layers of a text, ViT or audio encoder (or decoder) at sequence length ``s``."""
     c = structure.config
     h = int(config_value(c, "hidden_size", "d_model", "n_embd", "dim"))
     layers = int(config_value(c, "num_hidden_layers", "encoder_layers", "n_layer", "n_layers"))
@@ -212,12 +213,25 @@ def text_sequence(structure: ModelStructure, spec: JobSpec) -> int:
     return min(spec.preprocessing.max_length, int(limit))
 
 
+def forward_rows(spec: JobSpec) -> int:
+    """Rows one micro-batch's forward runs: ``per_device_train_batch_size``, doubled for DPO/ORPO, whose
+    ``B`` pairs go through one concatenated forward of ``B`` chosen and ``B`` rejected sequences."""
+    rows = spec.training.per_device_train_batch_size
+    return 2 * rows if spec.is_preference else rows
+
+
 def logits_fp32_bytes(structure: ModelStructure, spec: JobSpec) -> int:
     """causal-lm: the fp32 ``b x s x vocab`` tensor of the loss (``logits.float()`` under autocast, the
-    log-softmax output in fp32), usually an LLM's largest single transient; 0 for other tasks."""
-    if structure.task != "causal-lm":
+    log-softmax output in fp32), usually an LLM's largest single transient; 0 for other tasks.
+
+    DPO/ORPO gather their per-token log-probs over ``2B`` rows with TRL's ``selective_log_softmax``
+    (trainer_core/preference.py): from 16-bit logits it saves each row's fp32 log-softmax for backward
+    (its loop; on CUDA TRL's Triton kernel keeps none, so there this is an upper bound), from fp32
+    logits it takes their logsumexp in place and keeps no copy.
+    """
+    if structure.task != "causal-lm" or (spec.is_preference and spec.efficiency.mixed_precision == "no"):
         return 0
-    return spec.training.per_device_train_batch_size * text_sequence(structure, spec) * structure.num_labels * 4
+    return forward_rows(spec) * text_sequence(structure, spec) * structure.num_labels * 4
 
 
 def packed_rows_attention(structure: ModelStructure, spec: JobSpec) -> str | None:
@@ -245,23 +259,25 @@ def lora_path_bytes(layout: ParameterLayout, spec: JobSpec, s: int, b: int, w: i
     adapter = spec.adapter
     if adapter is None:
         return 0
+    dropout = adapter.dropout > 0 and not spec.is_preference  # see estimate_activations
     total = 0
     for t in layout.trainable:
         if t.name.endswith(".lora_A.weight"):
             r, n_in = t.shape
-            total += s * b * (r * w + (n_in * (w + 1) if adapter.dropout > 0 else 0))
+            total += s * b * (r * w + (n_in * (w + 1) if dropout else 0))
     return total
 
 
 def estimate_activations(
     structure: ModelStructure, spec: JobSpec, layout: ParameterLayout | None = None
 ) -> Activations:
-    """Activation bytes of one micro-batch (``per_device_train_batch_size``) per device.
+    """Activation bytes of one micro-batch (``per_device_train_batch_size``, ``2B`` rows for DPO/ORPO:
+    :func:`forward_rows`) per device.
 
     ``layout`` (the adapter's tensors) adds the LoRA branches; a causal LM's head output is
     ``b x s x vocab x w`` (its fp32 loss copy is :func:`logits_fp32_bytes`).
     """
-    b = spec.training.per_device_train_batch_size
+    b = forward_rows(spec)
     w = 4 if spec.efficiency.mixed_precision == "no" else 2
     ckpt = spec.efficiency.gradient_checkpointing
     mt = structure.model_type
@@ -278,13 +294,15 @@ def estimate_activations(
         desc = f"Swin stages, window {structure.config.window_size}"
     else:
         s, front, desc = sequence_and_frontend(structure, spec, b, w)
-        shapes = _encoder_shapes(structure, s)
+        shapes = encoder_shapes(structure, s)
         if structure.task == "causal-lm":
             logits = b * s * structure.num_labels * w  # lm_head output at the autocast width
         elif getattr(structure.config, "is_decoder", False) or mt in _CAUSAL_TYPES:
             logits = b * s * structure.num_labels * LOGIT_BYTES  # the score head runs on every position
         if spec.adapter is not None:  # RMSNorm's `weight * x` saves x only when the weight trains
             shapes = [dataclasses.replace(x, rms_norm=False) for x in shapes]
+        if spec.is_preference:  # DPO/ORPO runs set every Dropout to p=0 (TRL's default), which saves nothing
+            shapes = [dataclasses.replace(x, dropout=False) for x in shapes]
         if (packed := packed_rows_attention(structure, spec)) is not None:
             if packed == "sdpa":  # a mask turns SDPA's GQA off: K and V are repeated to every head
                 shapes = [dataclasses.replace(x, kv_ratio=1.0) for x in shapes]
@@ -297,8 +315,9 @@ def estimate_activations(
     body = stack_bytes(shapes, b, w, ckpt)
     x = shapes[0]
     per_layer = "s*b*h*(34 + 5*a*s/h)" if x.scores else "s*b*h*34 (no 5as/h: SDPA keeps no scores)"
+    rows = f"2x{b // 2} (chosen + rejected)" if spec.is_preference else str(b)
     formula = (
-        f"Korthikanti 2022 {per_layer} generalised, w={w} B, b={b}, {desc}, L={len(shapes)}, "
+        f"Korthikanti 2022 {per_layer} generalised, w={w} B, b={rows}, {desc}, L={len(shapes)}, "
         f"h={x.h}, a={x.a}; {how}; + inputs/front end + logits"
     )
     return Activations(front + body + logits, formula)

@@ -1,8 +1,10 @@
 """``estimate_memory``: per-device training memory of a job spec, part by part, with formulas.
 
-Total per device = parameters + gradients + optimizer state + overhead + DDP buckets
-+ max(forward/backward: activations + autocast weight copies, optimizer step: its largest temporary).
-The two phases do not overlap: activations are freed by the time the optimizer steps.
+Total per device = parameters + reference weights + gradients + optimizer state + overhead + DDP buckets
++ max(forward/backward: activations + autocast weight copies + fp32 logits, DPO's no-grad reference
+forward, optimizer step: its largest temporary). The phases do not overlap: the reference forward
+ends before the policy's begins, activations are freed by the time the optimizer steps. DPO/ORPO
+forward ``2B`` rows (chosen + rejected); DPO's reference model is :mod:`trainer_core.memory.reference`.
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ from trainer_core.memory.activations import estimate_activations, logits_fp32_by
 from trainer_core.memory.adapters import ParameterLayout, parameter_layout
 from trainer_core.memory.optimizer_state import optimizer_memory
 from trainer_core.memory.parameters import ModelStructure, model_structure
+from trainer_core.memory.reference import ReferencePart, reference_forward, reference_weights
 from trainer_core.memory_overhead import MIB, OVERHEAD_ENV, overhead_bytes_from_env
 from trainer_core.optimizers import optimizer_state_key
 from trainer_core.spec import FieldError, JobSpec, SpecError
 
 GIB = 1024**3
+FORWARD_PHASE = "forward/backward phase"
+LOGITS_SFT = "b x s x vocab x 4 B (causal-lm: the loss upcasts the logits to fp32)"
+LOGITS_PREFERENCE = (
+    "2B x s x vocab x 4 B: each row's fp32 log-softmax TRL's selective_log_softmax saves from 16-bit logits"
+    " (0 from fp32 logits)"
+)
 FP32 = 4
 TOTAL_FORMULA = (
-    "parameters + gradients + optimizer_state + overhead + ddp_buckets"
-    " + max(activations + autocast_copies + logits_fp32, optimizer_step_temporary)"
+    "parameters + reference_weights + gradients + optimizer_state + overhead + ddp_buckets"
+    " + max(activations + autocast_copies + logits_fp32, reference_forward, optimizer_step_temporary)"
 )
 
 
@@ -49,6 +58,9 @@ class MemoryEstimate(BaseModel):
     overhead_bytes: int
     ddp_bucket_bytes: int
     total_bytes: int
+    # DPO's reference model (0 for SFT, ORPO, adapters scoring the base, `reference: precomputed`).
+    reference_weight_bytes: int = 0
+    reference_forward_bytes: int = 0
     devices: int
     parts: list[MemoryPart]
     gpu_memory_bytes: int | None = None
@@ -110,9 +122,12 @@ def estimate_memory(
     # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does
     # not set gradient_as_bucket_view), so their sum is the gradient size whatever the bucket cap.
     ddp = grad_bytes if n_devices > 1 else 0
-    transient = max(casts + logits, opt.step_temporary_bytes)
-    peak_phase = max(act.bytes + casts + logits, opt.step_temporary_bytes)
-    total = param_bytes + frozen_bytes + grad_bytes + opt.state_bytes + peak_phase + overhead + ddp
+    ref_weights, ref_forward = reference_weights(spec, layout), reference_forward(structure, spec)
+    transient = max(casts + logits, ref_forward.bytes, opt.step_temporary_bytes)
+    peak_phase = max(act.bytes + casts + logits, ref_forward.bytes, opt.step_temporary_bytes)
+    fixed = param_bytes + frozen_bytes + ref_weights.bytes + grad_bytes + opt.state_bytes
+    total = fixed + peak_phase + overhead + ddp
+    weights_line, forward_line = _reference_parts(spec, ref_weights, ref_forward)
 
     parts = [
         MemoryPart(
@@ -121,6 +136,7 @@ def estimate_memory(
             formula=layout.formula,
             note=spec.adapter and spec.adapter.type,
         ),
+        *weights_line,
         MemoryPart(name="gradients", bytes=grad_bytes, formula="trainable numel x 4 B"),
         MemoryPart(name="optimizer_state", bytes=opt.state_bytes, formula=opt.state_formula, note=spec.optimizer.name),
         MemoryPart(name="activations", bytes=act.bytes, formula=act.formula, note="one micro-batch"),
@@ -128,14 +144,15 @@ def estimate_memory(
             name="autocast_copies",
             bytes=casts,
             formula="2 B x numel of Linear/Conv parameters (16-bit autocast copies)",
-            note="forward/backward phase",
+            note=FORWARD_PHASE,
         ),
         MemoryPart(
             name="logits_fp32",
             bytes=logits,
-            formula="b x s x vocab x 4 B (causal-lm: the loss upcasts the logits to fp32)",
-            note="forward/backward phase",
+            formula=LOGITS_PREFERENCE if spec.is_preference else LOGITS_SFT,
+            note=FORWARD_PHASE,
         ),
+        *forward_line,
         MemoryPart(
             name="optimizer_step_temporary",
             bytes=opt.step_temporary_bytes,
@@ -165,10 +182,26 @@ def estimate_memory(
         overhead_bytes=overhead,
         ddp_bucket_bytes=ddp,
         total_bytes=total,
+        reference_weight_bytes=ref_weights.bytes,
+        reference_forward_bytes=ref_forward.bytes,
         devices=n_devices,
         parts=parts,
         gpu_memory_bytes=budget,
         fits=None if budget is None else total <= budget,
+    )
+
+
+def _reference_parts(
+    spec: JobSpec, weights: ReferencePart, forward: ReferencePart
+) -> tuple[list[MemoryPart], list[MemoryPart]]:
+    """DPO/ORPO's reference lines, weights and forward (SFT estimates list neither)."""
+    if not spec.is_preference:
+        return [], []
+    note = f"dpo, reference: {spec.preference_settings.reference}" if spec.method == "dpo" else spec.method
+    phase = "reference-forward phase, before the policy's; the total counts the largest phase"
+    return (
+        [MemoryPart(name="reference_weights", bytes=weights.bytes, formula=weights.formula, note=note)],
+        [MemoryPart(name="reference_forward", bytes=forward.bytes, formula=forward.formula, note=phase)],
     )
 
 

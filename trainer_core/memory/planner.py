@@ -8,9 +8,13 @@ speed: no recomputation first, then larger micro-batches, then the fewest change
 16-bit autocast before fp32 (tensor cores), then the table's ``plan_rank`` (adamw, adamw_8bit,
 adafactor: extra work per step).
 
-When no setting of the spec's own kind fits (a full fine-tune, or the spec's adapter), it adds adapter
-options: LoRA, then QLoRA (a 4-bit base), each at rank 8, 16 and 64 (``alpha = 2r``, all-linear), one
-entry per adapter (its fastest fitting setting). Every entry fits by the estimator's own numbers.
+When no setting of the spec's own kind fits (a full fine-tune, or the spec's adapter), or a DPO/ORPO
+spec does not fit as written, it adds, for a DPO job scoring a reference every step
+(``preference.reference: base``), the same settings with the reference log-probs precomputed before
+training (no frozen copy, no reference forward a step; one entry per (optimizer, precision)); then
+adapter options: LoRA, then QLoRA (a 4-bit base), each at rank 8, 16 and 64 (``alpha = 2r``,
+all-linear), one entry per adapter (its fastest fitting setting). Every entry fits by the
+estimator's own numbers.
 
 ``next_oom_changes`` walks the same ladder one rung at a time, without estimates: what the worker
 applies before it requeues a job that ran out of device memory (worker/oom_retry.py).
@@ -26,10 +30,12 @@ from pydantic import BaseModel
 
 from trainer_core.memory.estimator import GIB, estimate_memory, human_bytes
 from trainer_core.memory.parameters import model_structure
+from trainer_core.memory.reference import scores_reference
 from trainer_core.optimizers import OPTIMIZER_TABLE, planner_order
 from trainer_core.spec import JobSpec, OptimizerSpec, parse_spec
 
 ADAPTER_RANKS = (8, 16, 64)
+PRECOMPUTED_REFERENCE: dict[str, Any] = {"preference.reference": "precomputed"}
 
 
 class PlanEntry(BaseModel):
@@ -71,7 +77,7 @@ def apply_changes(spec: JobSpec, changes: dict[str, Any]) -> JobSpec:
         elif path == "optimizer.name":
             data["optimizer"] = _optimizer_dict(spec.optimizer, value)
         elif path != "optimizer.amsgrad":  # dropped with the switch to an optimizer without it
-            data.setdefault(section, {})[field] = value
+            data[section] = {**(data.get(section) or {}), field: value}  # a section left out or null
     return parse_spec(data)
 
 
@@ -104,9 +110,11 @@ def adapter_tiers(spec: JobSpec) -> list[list[tuple[str, int]]]:
     return [[(kind, r) for r in ADAPTER_RANKS] for kind in kinds]
 
 
-def _candidates(spec: JobSpec, checkpointing_ok: bool, adapter: tuple[str, int] | None = None) -> list[dict[str, Any]]:
+def _candidates(
+    spec: JobSpec, checkpointing_ok: bool, adapter: tuple[str, int] | None = None, fixed: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Every combination, as changes relative to ``spec`` (an empty dict is the spec itself);
-    ``adapter`` (type, rank) replaces the spec's adapter."""
+    ``adapter`` (type, rank) replaces the spec's adapter, ``fixed`` changes are part of each."""
     b0 = spec.training.per_device_train_batch_size
     ga0 = spec.efficiency.gradient_accumulation_steps
     halvings = [0]
@@ -130,7 +138,7 @@ def _candidates(spec: JobSpec, checkpointing_ok: bool, adapter: tuple[str, int] 
             "efficiency.gradient_checkpointing": spec.efficiency.gradient_checkpointing,
             "efficiency.mixed_precision": spec.efficiency.mixed_precision,
         }
-        changes = {key: value for key, value in wanted.items() if current[key] != value}
+        changes = {key: value for key, value in wanted.items() if current[key] != value} | (fixed or {})
         if adapter is not None:
             changes["adapter"] = _adapter_dict(*adapter, mp)
         if spec.optimizer.amsgrad and "amsgrad" not in OPTIMIZER_TABLE[opt].fields:
@@ -155,6 +163,8 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
     if "adapter" in changes and new.adapter is not None:
         base = "4-bit NF4 base" if new.adapter.type == "qlora" else "frozen base"
         phrases.append(f"{new.adapter.type.upper()} r={new.adapter.r} adapter ({base}, adapters trained)")
+    if "preference.reference" in changes:
+        phrases.append("reference log-probs precomputed before training (no frozen copy, no reference forward a step)")
     if "optimizer.name" in changes:
         phrases.append(f"{new.optimizer.name} optimizer instead of {spec.optimizer.name}")
     if "training.per_device_train_batch_size" in changes:
@@ -178,8 +188,15 @@ def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = No
     ckpt_ok = model_structure(spec.model, spec.task).supports_gradient_checkpointing
     scored = _scored(spec, _candidates(spec, ckpt_ok), devices)
     # The spec's own kind: one entry per (optimizer, precision), slower variants of a fitting pair are noise.
-    entries = _fitting(spec, scored, budget, lambda new: (new.optimizer.name, new.efficiency.mixed_precision))
-    for tier in adapter_tiers(spec) if not entries else []:
+    entries = _fitting(spec, scored, budget, _optimizer_and_precision)
+    # A DPO/ORPO job that does not fit as written is shown its method's cheaper forms beside those
+    # settings; any other job only when none of them fits.
+    widen = not entries or (spec.is_preference and estimate_memory(spec, devices=devices).total_bytes > budget)
+    if widen and scores_reference(spec):
+        precomputed = _scored(spec, _candidates(spec, ckpt_ok, fixed=PRECOMPUTED_REFERENCE), devices)
+        scored += precomputed
+        entries += _fitting(spec, precomputed, budget, _optimizer_and_precision)
+    for tier in adapter_tiers(spec) if widen else []:
         for option in tier:
             tier_scored = _scored(spec, _candidates(spec, ckpt_ok, option), devices)
             scored += tier_scored
@@ -189,6 +206,10 @@ def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = No
 
 
 Scored = tuple[tuple[int, ...], dict[str, Any], JobSpec, int]
+
+
+def _optimizer_and_precision(new: JobSpec) -> Hashable:
+    return (new.optimizer.name, new.efficiency.mixed_precision)
 
 
 def _scored(spec: JobSpec, candidates: list[dict[str, Any]], devices: int | None) -> list[Scored]:

@@ -44,10 +44,11 @@ function tickLabels(splits, incr) {
   });
 }
 
-/** Whether chart `name` (eval_f1) is one of the jobs' spec metrics: accuracy, f1, precision and recall
- * (trainer_core/metrics.py), each a fraction in [0, 1]. */
+/** Whether chart `name` (eval_f1) is a fraction in [0, 1]: one of the jobs' spec metrics (accuracy, f1,
+ * precision and recall: trainer_core/metrics.py), or a preference job's share of pairs ranked right. */
 export function isFraction(name, jobs) {
-  return jobs.some((job) => (job.spec?.metrics || []).includes(name.replace(/^eval_/, "")));
+  const bare = name.replace(/^eval_/, "");
+  return bare === "rewards/accuracies" || jobs.some((job) => (job.spec?.metrics || []).includes(bare));
 }
 
 /** uPlot's own y range, kept within [0, 1] for a fraction (accuracy, f1) whose values are in it: one
