@@ -25,7 +25,7 @@ from service_core.settings import Settings
 from service_core.status import JobStatus
 from trainer_core.auto import Budget
 from trainer_core.memory_overhead import overhead_mb_to_bytes
-from trainer_core.spec import JobSpec
+from trainer_core.spec import FieldError, JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,17 @@ def auto_budget(spec: JobSpec, queue: str, settings: Settings, sessions: session
     if set_budget is not None:
         source = "resources.gpu_memory_gb" if spec.resources.gpu_memory_gb == set_budget else f"queue {queue}'s budget"
         return Budget(set_budget, source)
+    devices = live_devices(queue, settings, sessions)
+    if devices:
+        gb, kind = min(devices)
+        where = "GPU memory" if kind == "gpu" else "share of host memory for a CPU run"
+        return Budget(gb, f"the {where} of queue {queue}'s smallest worker", cpu=kind == "cpu")
+    here = device_budget()
+    return Budget(here.gb, f"{here.source}; no worker of queue {queue} has reported", cpu=here.cpu)
+
+
+def live_devices(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[tuple[float, str | None]]:
+    """``(memory GB, "gpu" or "cpu")`` of each live worker of ``queue`` that reported its device."""
     live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
     with sessions() as session:
         rows = session.execute(
@@ -72,13 +83,24 @@ def auto_budget(spec: JobSpec, queue: str, settings: Settings, sessions: session
                 WorkerHeartbeat.heartbeat_at >= live_after, WorkerHeartbeat.device_memory_gb.is_not(None)
             )
         ).all()
-    devices = [(row.device_memory_gb, row.device_kind) for row in rows if queue in (row.queues or [])]
-    if devices:
-        gb, kind = min(devices)
-        where = "GPU memory" if kind == "gpu" else "share of host memory for a CPU run"
-        return Budget(gb, f"the {where} of queue {queue}'s smallest worker", cpu=kind == "cpu")
-    here = device_budget()
-    return Budget(here.gb, f"{here.source}; no worker of queue {queue} has reported", cpu=here.cpu)
+    return [(row.device_memory_gb, row.device_kind) for row in rows if queue in (row.queues or [])]
+
+
+def liger_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[FieldError]:
+    """``efficiency.liger`` where nothing trains on CUDA: the queue's device (``TRAINJOBS_QUEUE_DEVICES``)
+    is not a GPU, or none is set and no live worker of the queue reports a GPU."""
+    if not spec.efficiency.liger:
+        return []
+    named = settings.queue_devices.get(queue)
+    if named is not None and named != "cpu":
+        return []
+    if named is None and any(kind == "gpu" for _, kind in live_devices(queue, settings, sessions)):
+        return []
+    where = f"queue {queue!r} trains on the CPU" if named == "cpu" else f"no worker of queue {queue!r} has a GPU"
+    return [FieldError(
+        "efficiency.liger", f"Liger's kernels are Triton kernels and need a CUDA device, and {where}; "
+        "efficiency.chunked_loss saves the same logits memory on any device",
+    )]  # fmt: skip
 
 
 def resolve_auto_for_submit(

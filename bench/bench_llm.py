@@ -27,7 +27,8 @@ data: what packing buys (the script's flattened batches attend over ``(B*L)^2`` 
     .venv/bin/python bench/bench_llm.py [--train 512] [--max-length 256] [--batch 8] [--repeats 2]
         [--adapters lora,qlora] [--backend trainer] [--only baseline]
 
-``--only baseline`` runs just the baselines (the PEFT script and TRL).
+``--only baseline`` runs just the baselines (the PEFT script and TRL). Each run is a process of its own
+(bench/child_runs.py), so ``peak RSS`` is that run's alone: the packed-run memory issue 25 compares.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from child_runs import report, run_child
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
@@ -76,6 +79,7 @@ def write_model(root: Path, files: dict[str, str], args: argparse.Namespace) -> 
 
     texts = Path(files["train"]).read_text(encoding="utf-8").splitlines()
     tokenizer = train_wordpiece(texts, 512, model_max_length=args.max_length, with_token_types=False)
+    tokenizer.eos_token = tokenizer.sep_token  # what every side ends a sequence with (trainjobs' own choice)
     config = LlamaConfig(
         hidden_size=args.hidden, intermediate_size=args.hidden * 4, num_hidden_layers=args.layers,
         num_attention_heads=8, num_key_value_heads=4, vocab_size=len(tokenizer),
@@ -88,8 +92,29 @@ def write_model(root: Path, files: dict[str, str], args: argparse.Namespace) -> 
     return path
 
 
-def _adapter(kind: str) -> dict[str, Any]:
+def adapter_section(kind: str) -> dict[str, Any]:
+    """The spec's adapter: LoRA or QLoRA (NF4, double quant, bf16 compute) with :data:`LORA`."""
     return {"type": kind, **LORA, **({"compute_dtype": "bf16"} if kind == "qlora" else {})}
+
+
+def peft_config() -> Any:
+    """:data:`LORA` as the baselines pass it to PEFT / TRL."""
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                      target_modules=LORA["target_modules"])  # fmt: skip
+
+
+def add_model_arguments(p: argparse.ArgumentParser, lr: float) -> None:
+    """The arguments both LLM benches share: batch, rate, model size, adapters, backend, repeats."""
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--adapters", type=lambda s: s.split(","), default=["lora", "qlora"])
+    p.add_argument("--backend", choices=["trainer", "accelerate"], default="trainer")
+    p.add_argument("--repeats", type=int, default=2, help="runs per variant; the fastest counts")
 
 
 def lm_spec(kind: str, packing: bool, model: Path, files: dict[str, str], args: argparse.Namespace) -> dict:
@@ -101,7 +126,7 @@ def lm_spec(kind: str, packing: bool, model: Path, files: dict[str, str], args: 
         "training": {"backend": args.backend, "num_train_epochs": 1, "per_device_train_batch_size": args.batch,
                      "learning_rate": args.lr, "seed": 42, "eval_strategy": "no", "logging_steps": 50,
                      "save_steps": 100_000},
-        "adapter": _adapter(kind),
+        "adapter": adapter_section(kind),
     }  # fmt: skip
 
 
@@ -129,7 +154,7 @@ def run_trainjobs(spec: dict, out: Path, cache: Path) -> dict[str, float]:
 def _peft_model(kind: str, model_path: Path) -> Any:
     """Base model plus LoRA adapter, as PEFT's quicktour and its QLoRA guide build it."""
     import torch
-    from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     if kind == "qlora":
@@ -139,9 +164,7 @@ def _peft_model(kind: str, model_path: Path) -> Any:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_path)
-    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=LORA["r"], lora_alpha=LORA["alpha"],
-                        lora_dropout=LORA["dropout"], target_modules=LORA["target_modules"])  # fmt: skip
-    return get_peft_model(model, config)
+    return get_peft_model(model, peft_config())
 
 
 def _script_rows(tokenizer: Any, files: dict[str, str], max_length: int) -> list[dict[str, list[int]]]:
@@ -203,7 +226,6 @@ def run_trl(kind: str, packing: bool, model_path: Path, files: dict[str, str], a
     """TRL's ``SFTTrainer`` as its docs show it, on the same rows, adapter, batch, rate and precision."""
     import torch
     from datasets import load_dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
     from trl import SFTConfig, SFTTrainer
 
@@ -218,11 +240,10 @@ def run_trl(kind: str, packing: bool, model_path: Path, files: dict[str, str], a
         save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=50, eos_token=tokenizer.sep_token,
         use_cpu=not torch.cuda.is_available(),
     )  # fmt: skip
-    peft = LoraConfig(task_type="CAUSAL_LM", r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                      target_modules=LORA["target_modules"])  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quant)
     data = load_dataset("json", data_files=files["train"], split="train")
-    trainer = SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer, peft_config=peft)
+    trainer = SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
+                         peft_config=peft_config())  # fmt: skip
     rows = trainer.train_dataset["input_ids"]
     metrics = trainer.train().metrics
     tokens = sum(len(ids) for ids in rows)
@@ -238,12 +259,10 @@ def compare(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     for kind in args.adapters:
         for packing in (False, True):
             spec = lm_spec(kind, packing, model, files, args)
+            names = ["PEFT script", "TRL"] + (["trainjobs"] if args.only != "baseline" else [])
             runners: dict[str, Callable[[Path], dict[str, float]]] = {
-                "PEFT script": lambda out, k=kind, p=packing: run_peft_script(k, p, model, files, args, out),
-                "TRL": lambda out, k=kind, p=packing: run_trl(k, p, model, files, args, out),
+                name: lambda out, n=name, k=kind, p=packing: measured(args, root, n, k, p, out) for name in names
             }
-            if args.only != "baseline":
-                runners["trainjobs"] = lambda out, s=spec: run_trainjobs(s, out, root / "cache")
             tokens = counted_tokens(spec, root / "cache")
             best: dict[str, dict[str, float]] = {}
             # A shared machine slows whichever run overlaps other work: alternate the order, keep the fastest.
@@ -251,8 +270,12 @@ def compare(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
                 order = list(runners) if repeat % 2 == 0 else list(reversed(runners))
                 for i, name in enumerate(order):
                     result = runners[name](root / f"run-{kind}-{packing}-{repeat}-{i}")
-                    if name not in best or result["runtime_s"] < best[name]["runtime_s"]:
-                        best[name] = result
+                    kept = best.get(name)
+                    # the fastest run counts, with the lowest peak of all its runs
+                    peak = min(result["peak_rss_mb"], kept["peak_rss_mb"]) if kept else result["peak_rss_mb"]
+                    if kept is None or result["runtime_s"] < kept["runtime_s"]:
+                        kept = best[name] = result
+                    kept["peak_rss_mb"] = peak
             script_tokens = int(best["PEFT script"]["tokens"])
             assert script_tokens == tokens, f"the script trained {script_tokens} tokens, trainjobs {tokens}"
             fill = packed_fill(spec, root / "cache", args.max_length) if packing else None
@@ -260,8 +283,35 @@ def compare(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
                 trained = int(result["tokens"]) if name == "TRL" else tokens
                 rows.append({"adapter": kind, "packing": packing, "name": name, "tokens": trained,
                              "tokens_per_s": trained / result["runtime_s"], "loss": result["loss"],
+                             "peak_rss_mb": result["peak_rss_mb"],
                              "fill": {"TRL": result.get("fill"), "trainjobs": fill}.get(name)})  # fmt: skip
     return rows
+
+
+PASSED = ("batch", "lr", "max_length", "backend")  # what a child run reads of the bench's arguments
+
+
+def measured(
+    args: argparse.Namespace, root: Path, name: str, kind: str, packing: bool, out: Path
+) -> dict[str, float]:
+    """One run of ``name`` in a child process (bench/child_runs.py): its result and its own peak RSS."""
+    argv = ["--child", name, "--kind", kind, "--root", str(root), "--out", str(out),
+            *(["--packing"] if packing else []),
+            *(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in PASSED)]  # fmt: skip
+    return run_child(__file__, argv, f"{name} {kind} packing={packing}")
+
+
+def child(args: argparse.Namespace) -> None:
+    """One run in this process (``--child``), on the data and model the bench wrote under ``--root``."""
+    root, out = Path(args.root), Path(args.out)
+    files, model = {"train": str(root / "train.jsonl")}, root / "tiny-llama"
+    if args.child == "trainjobs":
+        result = run_trainjobs(lm_spec(args.kind, args.packing, model, files, args), out, root / "cache")
+    elif args.child == "TRL":
+        result = run_trl(args.kind, args.packing, model, files, args, out)
+    else:
+        result = run_peft_script(args.kind, args.packing, model, files, args, out)
+    report(result)
 
 
 def packed_fill(spec: dict, cache: Path, max_length: int) -> float:
@@ -277,15 +327,12 @@ def packed_fill(spec: dict, cache: Path, max_length: int) -> float:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--train", type=int, default=512)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--adapters", type=lambda s: s.split(","), default=["lora", "qlora"])
-    p.add_argument("--backend", choices=["trainer", "accelerate"], default="trainer")
-    p.add_argument("--repeats", type=int, default=2, help="runs per variant; the fastest counts")
+    add_model_arguments(p, lr=2e-4)
     p.add_argument("--only", choices=["baseline"], default=None, help="run only the baselines (PEFT script, TRL)")
+    p.add_argument("--child", choices=["PEFT script", "TRL", "trainjobs"], help=argparse.SUPPRESS)
+    for hidden in ("--kind", "--root", "--out"):
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    p.add_argument("--packing", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -293,6 +340,9 @@ def main() -> None:
     import torch
 
     args = parser().parse_args()
+    if args.child:
+        child(args)
+        return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         rows = compare(args, Path(tmp))
@@ -300,7 +350,8 @@ def main() -> None:
           f"batch {args.batch}, max_length {args.max_length}, backend {args.backend}, "
           f"{'cuda' if torch.cuda.is_available() else 'cpu'}, torch threads {torch.get_num_threads()}")  # fmt: skip
     print(f"{'adapter':8} {'packing':8} {'run':12} {'tokens':>8} {'tokens/s':>10} {'loss':>7} {'fill':>6} "
-          f"{'vs script':>10} {'vs TRL':>8} {'vs unpacked':>12}  goals >= {GOAL:.1f}x script, >= {TRL_GOAL:.1f}x TRL")
+          f"{'peak RSS':>9} {'vs script':>10} {'vs TRL':>8} {'vs unpacked':>12}  "
+          f"goals >= {GOAL:.1f}x script, >= {TRL_GOAL:.1f}x TRL")  # fmt: skip
     by = {(r["adapter"], r["packing"], r["name"]): r["tokens_per_s"] for r in rows}
     missed = False
     for r in rows:
@@ -313,7 +364,8 @@ def main() -> None:
         missed |= status == "MISS"
         fill = f"{r['fill']:6.3f}" if r["fill"] is not None else f"{'-':>6}"
         print(f"{r['adapter']:8} {r['packing']!s:8} {r['name']:12} {r['tokens']:8d} {r['tokens_per_s']:10.0f} "
-              f"{r['loss']:7.3f} {fill} {ratio:9.2f}x {vs_trl:7.2f}x {gain}  {status}")  # fmt: skip
+              f"{r['loss']:7.3f} {fill} {r['peak_rss_mb']:7.0f}MB {ratio:9.2f}x {vs_trl:7.2f}x {gain}  "
+              f"{status}")  # fmt: skip
     print(f"(best of {args.repeats} runs each; total wall time {time.perf_counter() - started:.0f} s)")
     raise SystemExit(1 if missed else 0)
 

@@ -14,7 +14,7 @@ and epoch, and prints tokens/s and peak RSS side by side:
 
 Tokens are each side's own: the prompt, chosen and rejected tokens of every pair trained (the
 reference forward is not counted twice), over ``train_runtime``. Peak RSS is the run's own process
-(each run is a fresh child reporting its own ``ru_maxrss``), so imports and data count on both sides alike.
+(each run is a fresh child: bench/child_runs.py), so imports and data count on both sides alike.
 
     .venv/bin/python bench/bench_preference.py [--pairs 256] [--batch 8] [--max-length 256]
         [--adapters lora,qlora] [--backend trainer] [--repeats 2]
@@ -28,20 +28,19 @@ import argparse
 import json
 import os
 import random
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_llm import adapter_section, add_model_arguments, peft_config, write_model
+from child_runs import report, run_child
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 GOAL, STRETCH = 1.0, 1.2  # trainjobs tokens/s over TRL's
-LORA = {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"}
 SUBJECTS = ["the movie", "this film", "the food", "our stay", "the service", "the book", "the concert", "the hotel"]
 KIND = ["good", "warm", "fine", "great", "lovely", "kind", "clear", "fresh", "bright", "calm"]
 UNKIND = ["bad", "cold", "poor", "dull", "awful", "rude", "weak", "stale", "dark", "loud"]
@@ -65,27 +64,6 @@ def write_data(root: Path, n: int, seed: int = 0) -> dict[str, str]:
     return {"train": str(path)}
 
 
-def write_model(root: Path, files: dict[str, str], args: argparse.Namespace) -> Path:
-    """A tiny random Llama and a WordPiece tokenizer (with a plain chat template) trained on the data."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from trainer_core.data.text import train_wordpiece
-
-    texts = Path(files["train"]).read_text(encoding="utf-8").splitlines()
-    tokenizer = train_wordpiece(texts, 512, model_max_length=args.max_length, with_token_types=False)
-    config = LlamaConfig(
-        hidden_size=args.hidden, intermediate_size=args.hidden * 4, num_hidden_layers=args.layers,
-        num_attention_heads=8, num_key_value_heads=4, vocab_size=len(tokenizer),
-        max_position_embeddings=args.max_length, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    path = root / "tiny-llama"
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def spec(kind: str, model: Path, files: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     """The trainjobs spec whose settings both sides share."""
     return {
@@ -96,7 +74,7 @@ def spec(kind: str, model: Path, files: dict[str, str], args: argparse.Namespace
         "training": {"backend": args.backend, "num_train_epochs": 1, "per_device_train_batch_size": args.batch,
                      "learning_rate": args.lr, "seed": 42, "eval_strategy": "no", "logging_steps": 50,
                      "save_steps": 100_000},
-        "adapter": {"type": kind, **LORA, **({"compute_dtype": "bf16"} if kind == "qlora" else {})},
+        "adapter": adapter_section(kind),
     }  # fmt: skip
 
 
@@ -121,7 +99,6 @@ def run_trl(kind: str, model_path: Path, files: dict[str, str], args: argparse.N
     """TRL's ``DPOTrainer`` as its docs show it, on the same rows, adapter, batch, rate, beta and precision."""
     import torch
     from datasets import load_dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
     from trl import DPOConfig, DPOTrainer
 
@@ -136,14 +113,13 @@ def run_trl(kind: str, model_path: Path, files: dict[str, str], args: argparse.N
         save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=50,
         use_cpu=not torch.cuda.is_available(),
     )  # fmt: skip
-    peft = LoraConfig(task_type="CAUSAL_LM", r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                      target_modules=LORA["target_modules"])  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quant)
     data = load_dataset("json", data_files=files["train"], split="train")
-    trainer = DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer, peft_config=peft)
-    rows = trainer.train_dataset
-    columns = [c for c in rows.column_names if c.endswith("input_ids")]
-    tokens = sum(len(ids) for c in columns for ids in rows[c])
+    trainer = DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
+                         peft_config=peft_config())  # fmt: skip
+    rows = trainer.train_dataset  # prompt_ids, chosen_ids, rejected_ids: each answer trains after the prompt
+    tokens = sum(2 * len(p) + len(c) + len(r) for p, c, r in zip(
+        rows["prompt_ids"], rows["chosen_ids"], rows["rejected_ids"], strict=True))  # fmt: skip
     metrics = trainer.train().metrics
     return {"runtime_s": metrics["train_runtime"], "loss": metrics["train_loss"], "tokens": tokens}
 
@@ -157,18 +133,14 @@ def child(args: argparse.Namespace) -> None:
         result = run_trainjobs(spec(args.kind, model, files, args), out)
     else:
         result = run_trl(args.kind, model, files, args, out)
-    # ru_maxrss (KiB on Linux) of this process alone: the run, with its imports and data
-    print(json.dumps({**result, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    report(result)
 
 
 def measured(args: argparse.Namespace, root: Path, side: str, kind: str) -> dict[str, float]:
     """A run of ``side`` in a child process: its result and its own peak RSS."""
-    argv = [sys.executable, __file__, "--child", side, "--kind", kind, "--root", str(root),
+    argv = ["--child", side, "--kind", kind, "--root", str(root),
             *(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in PASSED)]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"{side} {kind} failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return run_child(__file__, argv, f"{side} {kind}")
 
 
 PASSED = ("batch", "lr", "beta", "max_length", "hidden", "layers", "backend")
@@ -184,9 +156,11 @@ def compare(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
         for repeat in range(args.repeats):  # alternate the order; the fastest run counts, the lowest peak too
             for side in (["TRL", "trainjobs"] if repeat % 2 == 0 else ["trainjobs", "TRL"]):
                 result = measured(args, root, side, kind)
-                kept = best.setdefault(side, result)
-                if result["runtime_s"] < kept["runtime_s"]:
-                    best[side] = {**result, "peak_rss_mb": min(result["peak_rss_mb"], kept["peak_rss_mb"])}
+                kept = best.get(side)
+                peak = min(result["peak_rss_mb"], kept["peak_rss_mb"]) if kept else result["peak_rss_mb"]
+                if kept is None or result["runtime_s"] < kept["runtime_s"]:
+                    kept = best[side] = result
+                kept["peak_rss_mb"] = peak
         for side, result in best.items():
             speed = result["tokens"] / result["runtime_s"]
             rows.append({"adapter": kind, "name": side, **result, "tokens_per_s": speed})
@@ -196,15 +170,8 @@ def compare(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--pairs", type=int, default=256)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--beta", type=float, default=0.1)
-    p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--adapters", type=lambda s: s.split(","), default=["lora", "qlora"])
-    p.add_argument("--backend", choices=["trainer", "accelerate"], default="trainer")
-    p.add_argument("--repeats", type=int, default=2, help="runs per side; the fastest counts")
+    add_model_arguments(p, lr=5e-5)
     p.add_argument("--child", choices=["trainjobs", "TRL"], help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--root", help=argparse.SUPPRESS)

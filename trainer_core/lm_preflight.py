@@ -3,7 +3,8 @@
 * ``adapter.target_modules`` that match no Linear module (read from the model built on the meta
   device, the estimator's structure, so no weights are loaded);
 * ``preprocessing.packing`` with a model that cannot separate packed examples;
-* chat data (``dataset.messages_column`` present) with a tokenizer that has no chat template.
+* chat data (``dataset.messages_column`` present) with a tokenizer that has no chat template;
+* ``efficiency.chunked_loss`` with a model that changes its logits after the head (Gemma 2's soft cap).
 
 The run makes the same checks where it meets them (model building, data preparation); these say it
 at submit. Sources this machine cannot read (a hub model offline) are left to the run.
@@ -13,8 +14,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from trainer_core.spec import FieldError, JobSpec, SpecError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -37,21 +42,52 @@ def _check_packing(spec: JobSpec) -> None:
     check_lm_model(spec, lm_model_config(spec, config))
 
 
+def readable_tokenizer(spec: JobSpec) -> PreTrainedTokenizerBase | None:
+    """The spec's named tokenizer, or None where there is none or it cannot be read here (the model
+    source check names an unreadable one; a config-built model's is trained by the run)."""
+    from trainer_core.data.text import load_tokenizer, tokenizer_source
+
+    if tokenizer_source(spec) is None:
+        return None
+    try:
+        return load_tokenizer(spec)
+    except (OSError, ValueError) as exc:
+        logger.info("tokenizer not readable before the run: %s", exc)
+        return None
+
+
 def _check_chat_template(spec: JobSpec, columns: list[str]) -> None:
     from trainer_core.data.causal_lm import check_chat_tokenizer
     from trainer_core.data.loading import lm_shape
-    from trainer_core.data.text import load_tokenizer, tokenizer_source
 
-    if spec.is_preference:  # its own columns and check: trainer_core.data.preference.count_truncation
+    if spec.is_preference:  # its own columns and check: trainer_core.preflight's pairs check
         return
-    if not columns or tokenizer_source(spec) is None or lm_shape(spec.dataset, columns) != "chat":
+    if not columns or lm_shape(spec.dataset, columns) != "chat":
         return
+    if (tokenizer := readable_tokenizer(spec)) is not None:
+        check_chat_tokenizer(tokenizer, spec)
+
+
+def _check_chunked_loss(spec: JobSpec) -> None:
+    """``efficiency.chunked_loss`` on a model whose config changes the logits after the head."""
+    if not spec.efficiency.chunked_loss:
+        return
+    from transformers import AutoConfig
+
+    from trainer_core.chunked_loss import CHUNKED_REFUSAL, changes_logits
+    from trainer_core.modeling import config_from_dict
+
     try:
-        tokenizer = load_tokenizer(spec)
-    except (OSError, ValueError) as exc:  # the model source check names an unreadable tokenizer
-        logger.info("tokenizer not readable before the run: %s", exc)
+        config = (
+            config_from_dict(spec.model.config)
+            if spec.model.config is not None
+            else AutoConfig.from_pretrained(str(spec.model.name_or_path), revision=spec.model.revision)
+        )
+    except (OSError, ValueError) as exc:  # the model source check names an unreadable model
+        logger.info("model config not readable before the run: %s", exc)
         return
-    check_chat_tokenizer(tokenizer, spec)
+    if (field := changes_logits(config)) is not None:
+        raise SpecError([FieldError("efficiency.chunked_loss", f"{CHUNKED_REFUSAL} (its config sets {field})")])
 
 
 def lm_errors(spec: JobSpec, columns: list[str], checks: list[str]) -> list[FieldError]:
@@ -61,6 +97,7 @@ def lm_errors(spec: JobSpec, columns: list[str], checks: list[str]) -> list[Fiel
     if spec.task == "causal-lm":
         steps += [("lm_model", lambda: _check_packing(spec))]
         steps += [("chat_template", lambda: _check_chat_template(spec, columns))]
+        steps += [("chunked_loss", lambda: _check_chunked_loss(spec))]
     for name, step in steps:
         try:
             step()

@@ -28,7 +28,7 @@ from datasets import Dataset, DatasetDict
 
 from trainer_core.data.loading import build_label_mapping, check_columns, select_splits
 from trainer_core.data.peek import FOLDER_EXTENSIONS, SplitHead, data_locations, peek_splits
-from trainer_core.lm_preflight import lm_errors
+from trainer_core.lm_preflight import lm_errors, readable_tokenizer
 from trainer_core.locate import check_model_sources
 from trainer_core.spec import BUILTIN_DATASET_BUILDERS, FieldError, JobSpec, SpecError
 
@@ -201,14 +201,8 @@ def _check_pairs(spec: JobSpec, rows: Any, report: PreflightReport) -> None:
     SpecError on ``model.tokenizer``), and the report counts the pairs truncation cuts or drops."""
     from trainer_core.data.preference import count_truncation
     from trainer_core.data.preprocess import effective_max_length
-    from trainer_core.data.text import load_tokenizer, tokenizer_source
 
-    if tokenizer_source(spec) is None:
-        return
-    try:
-        tokenizer = load_tokenizer(spec)
-    except (OSError, ValueError) as exc:  # the model source check names an unreadable tokenizer
-        logger.info("tokenizer not readable before the run: %s", exc)
+    if (tokenizer := readable_tokenizer(spec)) is None:
         return
     counts = count_truncation(spec, tokenizer, rows[:], effective_max_length(spec, tokenizer))
     report.truncation = counts.as_dict()

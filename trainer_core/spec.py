@@ -263,6 +263,14 @@ class EfficiencySpec(StrictModel):
         description="Average weights every N steps. Needs `training.backend: accelerate`; with any other backend "
         "the request is a 422 naming this field.",
     )
+    chunked_loss: bool = Field(
+        default=False, description="causal-lm: compute the loss from the last hidden states in chunks of tokens, "
+        "never holding a batch's full logits (their fp32 copy and gradient); loss and gradients are the plain ones.",
+    )  # fmt: skip
+    liger: bool = Field(
+        default=False, description="causal-lm on CUDA: Liger's Triton kernels (RMSNorm, RoPE, SwiGLU and the fused "
+        "linear cross-entropy) through `liger-kernel` (the `liger` extra). Refused where no CUDA device trains.",
+    )  # fmt: skip
 
 
 class ResourcesSpec(StrictModel):
@@ -379,6 +387,11 @@ class JobSpec(StrictModel):
                 "efficiency.local_sgd_steps",
                 "local SGD belongs to the 'accelerate' backend; set training.backend to 'accelerate'",
             )
+        for name in ("chunked_loss", "liger"):
+            if getattr(self.efficiency, name) and self.task != "causal-lm":
+                raise combination_error(f"efficiency.{name}", "applies to task 'causal-lm' only")
+        if self.efficiency.chunked_loss and self.efficiency.liger:
+            raise combination_error("efficiency.chunked_loss", "liger's fused linear cross-entropy already chunks it")
         if self.task in TEXT_TASKS and self.model.processor is not None:
             raise combination_error("model.processor", "text models take `tokenizer`, not `processor`")
         if self.task not in TEXT_TASKS and self.model.tokenizer is not None:
@@ -510,7 +523,7 @@ class SpecError(ValueError):
 
 def untrainable_errors(spec: JobSpec, *, cuda: bool) -> list[FieldError]:
     """What this machine cannot train although the spec is valid (estimates accept it): QLoRA's fp16
-    without CUDA (bitsandbytes' 4-bit kernels on the CPU compute in bf16 or fp32).
+    without CUDA (bitsandbytes' 4-bit kernels on the CPU compute in bf16 or fp32), and Liger's kernels.
 
     The run and the API's submit refuse a spec with these errors; ``POST /v1/estimates/memory`` does not.
     """
@@ -522,6 +535,11 @@ def untrainable_errors(spec: JobSpec, *, cuda: bool) -> list[FieldError]:
         and "fp16" in (spec.adapter.compute_dtype, spec.efficiency.mixed_precision)
     ):
         errors.append(FieldError("adapter.compute_dtype", "qlora in fp16 needs a CUDA device; use 'bf16' here"))
+    if spec.efficiency.liger and not cuda:
+        errors.append(FieldError(
+            "efficiency.liger", "Liger's kernels are Triton kernels and need a CUDA device; "
+            "efficiency.chunked_loss saves the same logits memory on any device",
+        ))  # fmt: skip
     return errors
 
 

@@ -28,6 +28,7 @@ from api.estimation import (
     budget_for,
     check_monthly_budget,
     estimate_for_submit,
+    liger_errors,
     plan,
     resolve_auto_for_submit,
     time_estimate,
@@ -127,6 +128,8 @@ def checked_spec(
     spec = runtime_limited(spec, settings.max_job_hours)
     spec = resolve_init_from(spec, sessions, settings, caller)  # before preflight: a refusal costs nothing
     queue = body.queue or settings.default_queue
+    if liger := liger_errors(spec, queue, settings, sessions):
+        raise SpecError(liger)
     dataset_id = None
     if spec.dataset.id is not None:
         with sessions() as session:

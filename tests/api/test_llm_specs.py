@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from api.estimation import liger_errors
 from service_core.db.models import Job
 from tests.api.conftest import Keys, make_spec
 from trainer_core.memory import estimate_memory
@@ -48,3 +51,32 @@ def test_causal_lm_qlora_is_estimated(client: TestClient, keys: Keys) -> None:
     assert body["total_bytes"] == expected.total_bytes
     assert body["trainable_parameters"] == expected.trainable_parameters < expected.parameters // 50
     assert "logits_fp32" in [p["name"] for p in body["parts"]]
+
+
+def test_liger_is_refused_at_submit_where_no_worker_trains_on_cuda(
+    client: TestClient, keys: Keys, session: Session, app: Any, settings: Any
+) -> None:
+    from service_core.db.base import utcnow
+    from service_core.db.models import WorkerHeartbeat
+    from trainer_core.spec import parse_spec
+
+    spec = {**LLM, "efficiency": {"mixed_precision": "bf16", "liger": True}}
+    response = client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["errors"]
+    assert error["field"] == "efficiency.liger" and "no worker of queue 'default' has a GPU" in error["message"]
+    assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+
+    parsed, sessions = parse_spec(spec), app.state.sessionmaker
+    session.add(WorkerHeartbeat(name="cpu-box", queues=["default"], slots=1, device_memory_gb=16.0, device_kind="cpu",
+                                heartbeat_at=utcnow()))  # fmt: skip
+    session.add(WorkerHeartbeat(name="gpu-box", queues=["gpu"], slots=1, device_memory_gb=80.0, device_kind="gpu",
+                                heartbeat_at=utcnow()))  # fmt: skip
+    session.commit()
+    assert [e.field for e in liger_errors(parsed, "default", settings, sessions)] == ["efficiency.liger"]
+    assert liger_errors(parsed, "gpu", settings, sessions) == []  # a live GPU worker serves it
+    named = settings.model_copy(update={"queue_devices": {"default": "H100-SXM", "cpu-q": "cpu"}})
+    assert liger_errors(parsed, "default", named, sessions) == []  # the queue's device is a GPU
+    (on_cpu,) = liger_errors(parsed, "cpu-q", named, sessions)
+    assert "queue 'cpu-q' trains on the CPU" in on_cpu.message
+    assert liger_errors(parse_spec(LLM), "default", settings, sessions) == []  # only when asked for

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +51,17 @@ def lm_rows(shape: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 def write_lm_jsonl(directory: Path, shape: str, n_train: int = 24, n_val: int = 6) -> dict[str, str]:
     """``train.jsonl`` and ``validation.jsonl`` of ``shape``; returns the spec's ``data_files``."""
+    return _write_splits(directory, lambda n, seed: lm_rows(shape, n, seed), n_train, n_val)
+
+
+def _write_splits(
+    directory: Path, rows: Callable[[int, int], list[dict[str, Any]]], n_train: int, n_val: int
+) -> dict[str, str]:
     directory.mkdir(parents=True, exist_ok=True)
     files = {}
     for split, n, seed in (("train", n_train, 0), ("validation", n_val, 1)):
         path = directory / f"{split}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in lm_rows(shape, n, seed)), encoding="utf-8")
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed)), encoding="utf-8")
         files[split] = str(path)
     return files
 
@@ -80,13 +87,7 @@ def preference_rows(shape: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 def write_preference_jsonl(directory: Path, shape: str, n_train: int = 32, n_val: int = 8) -> dict[str, str]:
     """``train.jsonl`` and ``validation.jsonl`` of :func:`preference_rows`; returns the spec's ``data_files``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for split, n, seed in (("train", n_train, 0), ("validation", n_val, 1)):
-        path = directory / f"{split}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in preference_rows(shape, n, seed)), encoding="utf-8")
-        files[split] = str(path)
-    return files
+    return _write_splits(directory, lambda n, seed: preference_rows(shape, n, seed), n_train, n_val)
 
 
 def write_lm_tokenizer(directory: Path, vocab_size: int = 300, chat_template: bool = True) -> Path:

@@ -345,3 +345,13 @@ def test_preference_refusals_name_their_field(changes: dict[str, Any], field: st
         doc.pop("adapter"), doc.pop("efficiency")
         doc["preprocessing"] = {}
     assert error_fields(doc) == [field]
+
+
+def test_the_lighter_loss_settings_are_causal_lm_only_and_liger_needs_cuda() -> None:
+    for name in ("chunked_loss", "liger"):
+        assert error_fields(with_change(f"efficiency.{name}", True)) == [f"efficiency.{name}"]
+    assert error_fields(llm_change("efficiency", {"chunked_loss": True, "liger": True})) == ["efficiency.chunked_loss"]
+    liger = parse_spec(llm_change("efficiency", {"mixed_precision": "bf16", "liger": True}))
+    assert [e.field for e in untrainable_errors(liger, cuda=False)] == ["efficiency.liger"]
+    assert untrainable_errors(liger, cuda=True) == []
+    assert untrainable_errors(parse_spec(llm_change("efficiency", {"chunked_loss": True})), cuda=False) == []

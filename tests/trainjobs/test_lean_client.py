@@ -94,7 +94,9 @@ def test_base_install_lists_and_submits_jobs_on_a_live_service(
         return subprocess.run([str(bin_dir / "trainjobs"), *args], env=env, cwd=tmp_path, capture_output=True,
                               text=True, timeout=60)  # fmt: skip
 
-    submitted = lean("submit", str(spec))
+    # To a queue no worker serves: the job is still there to list and cancel (a tiny job on the shared
+    # service's idle worker can finish between two commands).
+    submitted = lean("submit", str(spec), "--queue", "lean-client-nobody-serves-this")
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.split()[0]
     listed = lean("jobs", "list")

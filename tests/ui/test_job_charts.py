@@ -120,8 +120,11 @@ def test_legends_show_values_only_where_there_are_some(page: Page, dev: DevServi
 
 def test_fraction_metrics_keep_their_axis_within_0_and_1(page: Page, dev: DevService, running: str) -> None:
     # One eval at a perfect 1.0 (a tiny set): uPlot's own range for it runs from 0 to 2.
+    # A preference job's share of pairs ranked right is a fraction too; its margin is not.
+    names = ("eval_accuracy", "eval_f1", "eval_loss", "rewards/accuracies", "eval_rewards/accuracies",
+             "rewards/margins")  # fmt: skip
     items = [{"seq": 7, "step": 6, "epoch": 1.0, "name": name, "value": 1.0, "time": "2026-01-01T00:00:00Z"}
-             for name in ("eval_accuracy", "eval_f1", "eval_loss")]  # fmt: skip
+             for name in names]  # fmt: skip
     page_body = json.dumps({"items": items, "next_after": 10**15, "has_more": False})  # the stream adds nothing
 
     def thinned(route: Route) -> None:
@@ -129,10 +132,11 @@ def test_fraction_metrics_keep_their_axis_within_0_and_1(page: Page, dev: DevSer
 
     page.route(re.compile(rf"/v1/jobs/{running}/metrics\?max_points="), thinned)
     open_with_points(page, dev, running, "eval_loss")
-    for name in ("eval_accuracy", "eval_f1"):  # the spec's metrics: fractions
-        low, high = json.loads(page.get_attribute(f"[data-chart={name}]", "data-y-range") or "[]")
+    for name in ("eval_accuracy", "eval_f1", "rewards/accuracies", "eval_rewards/accuracies"):  # fractions
+        low, high = json.loads(page.get_attribute(f'[data-chart="{name}"]', "data-y-range") or "[]")
         assert 0 <= low < high == 1, (name, low, high)
-        ticks = json.loads(page.get_attribute(f"[data-chart={name}]", "data-y-ticks") or "[]")
+        ticks = json.loads(page.get_attribute(f'[data-chart="{name}"]', "data-y-ticks") or "[]")
         assert ticks and all(0 <= float(t) <= 1 for t in ticks), ticks
-    low, high = json.loads(page.get_attribute("[data-chart=eval_loss]", "data-y-range") or "[]")
-    assert high > 1  # a loss is no fraction: its axis is uPlot's own
+    for name in ("eval_loss", "rewards/margins"):  # no fractions: their axes are uPlot's own
+        low, high = json.loads(page.get_attribute(f'[data-chart="{name}"]', "data-y-range") or "[]")
+        assert high > 1, (name, low, high)

@@ -118,15 +118,16 @@ def evaluate(
                 rewards.append(rows)
                 losses.append(loss)
                 continue
-            out = model(**batch)
             labels = batch["labels"]
-            # Weight each batch's mean loss by its size, as Trainer does.
-            loss = out.loss.detach().float().repeat(labels.shape[0])
             if scores_predictions:
+                out = model(**batch)
+                # Weight each batch's mean loss by its size, as Trainer does.
+                loss = out.loss.detach().float().repeat(labels.shape[0])
                 pred, ref, loss = accelerator.gather_for_metrics((out.logits.argmax(-1), labels, loss))
                 preds.append(pred)
                 refs.append(ref)
-            else:
+            else:  # a causal LM: its loss alone, from the objective (chunked when the run's is)
+                loss = objective(model, batch)[0].detach().float().repeat(labels.shape[0])
                 loss = accelerator.gather_for_metrics(loss)
             losses.append(loss)
     model.train()

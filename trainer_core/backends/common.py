@@ -27,6 +27,7 @@ from trainer_core.data.packing import PackedCollator
 from trainer_core.early_stopping import EarlyStopper
 from trainer_core.events import EventSink, make_event
 from trainer_core.init_from import init_source, load_adapter, load_optimizer_state
+from trainer_core.liger import apply_liger
 from trainer_core.memory_report import memory_event
 from trainer_core.modeling import build_model
 from trainer_core.spec import JobSpec
@@ -61,11 +62,14 @@ def build_training_model(spec: JobSpec, labels: list[str], *, fresh: bool = True
         from trainer_core.lm_preflight import check_adapter_targets
 
         check_adapter_targets(spec)  # a field error, where PEFT would fail with a ValueError
-        model = with_adapter(spec, build_base_model(spec, labels, weights), checkpointing)
+        base = build_base_model(spec, labels, weights)
+        apply_liger(spec, base)  # before PEFT wraps its Linears
+        model = with_adapter(spec, base, checkpointing)
         if source is not None and source.adapter is not None and fresh:
             load_adapter(model, source)
     else:
         model = build_model(spec.task, spec.model, labels, weights)
+        apply_liger(spec, model)
         if checkpointing:
             # Non-reentrant checkpointing works with frozen inputs and autocast; the reentrant kind does not.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]

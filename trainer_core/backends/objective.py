@@ -26,7 +26,8 @@ from trainer_core.backends.reference import (
     uses_precomputed_reference,
     with_reference_logps,
 )
-from trainer_core.spec import JobSpec
+from trainer_core.chunked_loss import CHUNKED_REFUSAL, causal_lm_loss, chunkable
+from trainer_core.spec import FieldError, JobSpec, SpecError
 from trainer_core.spec_preference import REWARD_METRICS
 
 if TYPE_CHECKING:
@@ -48,16 +49,28 @@ def disable_dropout(model: nn.Module) -> None:
             module.p = 0.0
 
 
+def chunked_loss_for(spec: JobSpec, model: nn.Module) -> bool:
+    """Whether the run computes its SFT loss in chunks: ``efficiency.chunked_loss`` on a model whose
+    logits are its head's output (preflight refuses the others at submit; this is the run's own check)."""
+    if not spec.efficiency.chunked_loss:
+        return False
+    if not chunkable(model):
+        raise SpecError([FieldError("efficiency.chunked_loss", CHUNKED_REFUSAL)])
+    return True
+
+
 @dataclass
 class Objective:
     """The loss of one micro-batch and, for a preference run, its reward metrics (batch means, detached)."""
 
     spec: JobSpec
     reference: ReferenceScorer | None = None
+    # efficiency.chunked_loss: an SFT loss from the hidden states in chunks (trainer_core/chunked_loss.py)
+    chunked: bool = False
 
     def __call__(self, model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if not self.spec.is_preference:
-            return model(**batch).loss, {}
+            return (causal_lm_loss(model, batch) if self.chunked else model(**batch).loss), {}
         from trainer_core.preference import policy_logps, preference_loss
 
         inputs = {key: value for key, value in batch.items() if key not in REF_COLUMNS}
@@ -88,7 +101,7 @@ def start_objective(ctx: RunContext, model: nn.Module, accelerator: Accelerator)
     """
     spec, data = ctx.spec, ctx.data
     if not spec.is_preference:
-        return Objective(spec), data
+        return Objective(spec, chunked=chunked_loss_for(spec, model)), data
     disable_dropout(model)
     if spec.method == "orpo":
         return Objective(spec), data

@@ -87,7 +87,8 @@ class _SeededOrderTrainer(Trainer):
         self._train_lengths = train_lengths
         self._eval_lengths = eval_lengths
         self.samples_seen = 0  # this process's training samples (pairs for DPO/ORPO), for the train summary
-        self.objective: Objective | None = None  # a preference run's loss (start_objective); else the model's
+        # A preference run's loss, or a chunked SFT loss (start_objective); else the model's own
+        self.objective: Objective | None = None
         self._rewards = MetricWindow()  # reward metrics since the last logged loss
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
@@ -116,6 +117,8 @@ class _SeededOrderTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad():
             loss, metrics = self.objective(model, inputs)
+        if not metrics:  # a chunked SFT loss: a causal LM is evaluated by its loss alone
+            return loss.detach(), None, None
         # The metrics ride as "predictions", so Trainer gathers them across processes like the loss.
         return loss.detach(), per_example(metrics, batch_samples(self.objective.spec, inputs)), None
 
@@ -286,6 +289,8 @@ def train_with_trainer(ctx: RunContext) -> BackendResult:
     trainer.remove_callback(PrinterCallback)
     if spec.is_preference:
         _start_preference(trainer, ctx, model)
+    elif spec.efficiency.chunked_loss:  # the SFT loss from the shared objective, in chunks
+        trainer.objective, _ = start_objective(ctx, model, trainer.accelerator)
     started = time.perf_counter()
     train_loss = _train_or_restore(trainer, ctx, plan.total_steps)
     runtime = time.perf_counter() - started

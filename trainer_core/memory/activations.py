@@ -220,9 +220,17 @@ def forward_rows(spec: JobSpec) -> int:
     return 2 * rows if spec.is_preference else rows
 
 
+def holds_no_logits(structure: ModelStructure, spec: JobSpec) -> bool:
+    """An SFT causal LM under ``efficiency.chunked_loss`` or ``efficiency.liger``: its loss never holds
+    the logits (trainer_core/memory/loss.py counts what it holds instead)."""
+    chunked = spec.efficiency.chunked_loss or spec.efficiency.liger
+    return structure.task == "causal-lm" and chunked and not spec.is_preference
+
+
 def logits_fp32_bytes(structure: ModelStructure, spec: JobSpec) -> int:
     """causal-lm: the fp32 ``b x s x vocab`` tensor of the loss (``logits.float()`` under autocast, the
-    log-softmax output in fp32), usually an LLM's largest single transient; 0 for other tasks.
+    log-softmax output in fp32), usually an LLM's largest single transient; 0 for other tasks and
+    under the chunked loss (:func:`holds_no_logits`).
 
     DPO/ORPO gather their per-token log-probs over ``2B`` rows with TRL's ``selective_log_softmax``
     (trainer_core/preference.py): from 16-bit logits it saves each row's fp32 log-softmax for backward
@@ -230,6 +238,8 @@ def logits_fp32_bytes(structure: ModelStructure, spec: JobSpec) -> int:
     logits it takes their logsumexp in place and keeps no copy.
     """
     if structure.task != "causal-lm" or (spec.is_preference and spec.efficiency.mixed_precision == "no"):
+        return 0
+    if holds_no_logits(structure, spec):
         return 0
     return forward_rows(spec) * text_sequence(structure, spec) * structure.num_labels * 4
 
@@ -275,7 +285,7 @@ def estimate_activations(
     :func:`forward_rows`) per device.
 
     ``layout`` (the adapter's tensors) adds the LoRA branches; a causal LM's head output is
-    ``b x s x vocab x w`` (its fp32 loss copy is :func:`logits_fp32_bytes`).
+    ``b x s x vocab x w`` (its fp32 loss copy is :func:`logits_fp32_bytes`), 0 under the chunked loss.
     """
     b = forward_rows(spec)
     w = 4 if spec.efficiency.mixed_precision == "no" else 2
@@ -296,7 +306,8 @@ def estimate_activations(
         s, front, desc = sequence_and_frontend(structure, spec, b, w)
         shapes = encoder_shapes(structure, s)
         if structure.task == "causal-lm":
-            logits = b * s * structure.num_labels * w  # lm_head output at the autocast width
+            # lm_head output at the autocast width; none under the chunked loss
+            logits = 0 if holds_no_logits(structure, spec) else b * s * structure.num_labels * w
         elif getattr(structure.config, "is_decoder", False) or mt in _CAUSAL_TYPES:
             logits = b * s * structure.num_labels * LOGIT_BYTES  # the score head runs on every position
         if spec.adapter is not None:  # RMSNorm's `weight * x` saves x only when the weight trains
@@ -320,4 +331,6 @@ def estimate_activations(
         f"Korthikanti 2022 {per_layer} generalised, w={w} B, b={rows}, {desc}, L={len(shapes)}, "
         f"h={x.h}, a={x.a}; {how}; + inputs/front end + logits"
     )
+    if holds_no_logits(structure, spec):
+        formula += " (none: the chunked loss holds no logits)"
     return Activations(front + body + logits, formula)

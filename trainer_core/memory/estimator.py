@@ -1,10 +1,12 @@
 """``estimate_memory``: per-device training memory of a job spec, part by part, with formulas.
 
 Total per device = parameters + reference weights + gradients + optimizer state + overhead + DDP buckets
-+ max(forward/backward: activations + autocast weight copies + fp32 logits, DPO's no-grad reference
-forward, optimizer step: its largest temporary). The phases do not overlap: the reference forward
-ends before the policy's begins, activations are freed by the time the optimizer steps. DPO/ORPO
-forward ``2B`` rows (chosen + rejected); DPO's reference model is :mod:`trainer_core.memory.reference`.
++ max(forward/backward: activations + autocast weight copies + fp32 logits (under the chunked loss
+its saved gradients and one chunk's transient instead: :mod:`trainer_core.memory.loss`), DPO's
+no-grad reference forward, optimizer step: its largest temporary). The phases do not overlap: the
+reference forward ends before the policy's begins, activations are freed by the time the optimizer
+steps. DPO/ORPO forward ``2B`` rows (chosen + rejected); DPO's reference model is
+:mod:`trainer_core.memory.reference`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pydantic import BaseModel
 
 from trainer_core.memory.activations import estimate_activations, logits_fp32_bytes
 from trainer_core.memory.adapters import ParameterLayout, parameter_layout
+from trainer_core.memory.loss import CHUNK_FORMULA, GRADIENTS_FORMULA, chunked_loss_chunk, chunked_loss_gradients
 from trainer_core.memory.optimizer_state import optimizer_memory
 from trainer_core.memory.parameters import ModelStructure, model_structure
 from trainer_core.memory.reference import ReferencePart, reference_forward, reference_weights
@@ -30,7 +33,8 @@ LOGITS_PREFERENCE = (
 FP32 = 4
 TOTAL_FORMULA = (
     "parameters + reference_weights + gradients + optimizer_state + overhead + ddp_buckets"
-    " + max(activations + autocast_copies + logits_fp32, reference_forward, optimizer_step_temporary)"
+    " + max(activations + autocast_copies + logits_fp32 (chunked loss: chunked_loss_gradients + chunked_loss_chunk),"
+    " reference_forward, optimizer_step_temporary)"
 )
 
 
@@ -117,14 +121,16 @@ def estimate_memory(
     opt_key = (optimizer_state_key(optimizer), id(layout))  # layouts are memoized on the structure too
     opt = structure.memoized(opt_key, lambda: optimizer_memory(layout.trainable, optimizer))
     act = estimate_activations(structure, spec, layout)
-    logits = logits_fp32_bytes(structure, spec)
+    # the loss's share of the forward phase: the fp32 logits, or what the chunked loss holds instead
+    loss_parts = _loss_parts(structure, spec)
+    loss = sum(part.bytes for part in loss_parts)
     casts = autocast_copy_bytes(structure, spec, layout)
     # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does
     # not set gradient_as_bucket_view), so their sum is the gradient size whatever the bucket cap.
     ddp = grad_bytes if n_devices > 1 else 0
     ref_weights, ref_forward = reference_weights(spec, layout), reference_forward(structure, spec)
-    transient = max(casts + logits, ref_forward.bytes, opt.step_temporary_bytes)
-    peak_phase = max(act.bytes + casts + logits, ref_forward.bytes, opt.step_temporary_bytes)
+    transient = max(casts + loss, ref_forward.bytes, opt.step_temporary_bytes)
+    peak_phase = max(act.bytes + casts + loss, ref_forward.bytes, opt.step_temporary_bytes)
     fixed = param_bytes + frozen_bytes + ref_weights.bytes + grad_bytes + opt.state_bytes
     total = fixed + peak_phase + overhead + ddp
     weights_line, forward_line = _reference_parts(spec, ref_weights, ref_forward)
@@ -146,12 +152,7 @@ def estimate_memory(
             formula="2 B x numel of Linear/Conv parameters (16-bit autocast copies)",
             note=FORWARD_PHASE,
         ),
-        MemoryPart(
-            name="logits_fp32",
-            bytes=logits,
-            formula=LOGITS_PREFERENCE if spec.is_preference else LOGITS_SFT,
-            note=FORWARD_PHASE,
-        ),
+        *loss_parts,
         *forward_line,
         MemoryPart(
             name="optimizer_step_temporary",
@@ -189,6 +190,28 @@ def estimate_memory(
         gpu_memory_bytes=budget,
         fits=None if budget is None else total <= budget,
     )
+
+
+def _loss_parts(structure: ModelStructure, spec: JobSpec) -> list[MemoryPart]:
+    """The fp32 logits' line; under the chunked loss (or Liger's) its two lines instead."""
+    held = chunked_loss_gradients(structure, spec)
+    if not held:
+        formula = LOGITS_PREFERENCE if spec.is_preference else LOGITS_SFT
+        return [
+            MemoryPart(
+                name="logits_fp32", bytes=logits_fp32_bytes(structure, spec), formula=formula, note=FORWARD_PHASE
+            )
+        ]
+    how = "liger's fused linear cross-entropy, counted as the chunked loss" if spec.efficiency.liger else None
+    return [
+        MemoryPart(name="chunked_loss_gradients", bytes=held, formula=GRADIENTS_FORMULA, note=how or FORWARD_PHASE),
+        MemoryPart(
+            name="chunked_loss_chunk",
+            bytes=chunked_loss_chunk(structure, spec),
+            formula=CHUNK_FORMULA,
+            note=f"{FORWARD_PHASE}, during the loss's forward",
+        ),
+    ]
 
 
 def _reference_parts(

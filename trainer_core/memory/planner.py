@@ -2,11 +2,12 @@
 
 It varies the optimizer (every entry of ``trainer_core.optimizers.OPTIMIZER_TABLE``), the micro-batch
 (halved while even, with gradient accumulation doubled so the effective batch is unchanged), gradient
-checkpointing (only where the model supports it) and mixed precision, and estimates every combination. For each
-(optimizer, precision) pair it keeps the fastest combination that fits, then orders entries by expected
-speed: no recomputation first, then larger micro-batches, then the fewest changes to the spec, then
-16-bit autocast before fp32 (tensor cores), then the table's ``plan_rank`` (adamw, adamw_8bit,
-adafactor: extra work per step).
+checkpointing (only where the model supports it), the chunked loss (an SFT causal LM whose logits are
+its head's output, without Liger: no logits held, at no recomputation) and mixed precision, and
+estimates every combination. For each (optimizer, precision) pair it keeps the fastest combination
+that fits, then orders entries by expected speed: no recomputation first, then larger micro-batches,
+then the fewest changes to the spec, then 16-bit autocast before fp32 (tensor cores), then the table's
+``plan_rank`` (adamw, adamw_8bit, adafactor: extra work per step).
 
 When no setting of the spec's own kind fits (a full fine-tune, or the spec's adapter), or a DPO/ORPO
 spec does not fit as written, it adds, for a DPO job scoring a reference every step
@@ -28,8 +29,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trainer_core.chunked_loss import changes_logits
 from trainer_core.memory.estimator import GIB, estimate_memory, human_bytes
-from trainer_core.memory.parameters import model_structure
+from trainer_core.memory.parameters import ModelStructure, model_structure
 from trainer_core.memory.reference import scores_reference
 from trainer_core.optimizers import OPTIMIZER_TABLE, planner_order
 from trainer_core.spec import JobSpec, OptimizerSpec, parse_spec
@@ -110,11 +112,25 @@ def adapter_tiers(spec: JobSpec) -> list[list[tuple[str, int]]]:
     return [[(kind, r) for r in ADAPTER_RANKS] for kind in kinds]
 
 
+def offers_chunked_loss(spec: JobSpec, structure: ModelStructure) -> bool:
+    """Whether the planner may turn ``efficiency.chunked_loss`` on: an SFT causal LM whose logits are its
+    head's output (what preflight accepts), not already chunked nor under Liger (which refuses both)."""
+    efficiency = spec.efficiency
+    if spec.task != "causal-lm" or spec.is_preference or efficiency.chunked_loss or efficiency.liger:
+        return False
+    return changes_logits(structure.config) is None
+
+
 def _candidates(
-    spec: JobSpec, checkpointing_ok: bool, adapter: tuple[str, int] | None = None, fixed: dict[str, Any] | None = None
+    spec: JobSpec,
+    checkpointing_ok: bool,
+    adapter: tuple[str, int] | None = None,
+    fixed: dict[str, Any] | None = None,
+    chunked_ok: bool = False,
 ) -> list[dict[str, Any]]:
     """Every combination, as changes relative to ``spec`` (an empty dict is the spec itself);
-    ``adapter`` (type, rank) replaces the spec's adapter, ``fixed`` changes are part of each."""
+    ``adapter`` (type, rank) replaces the spec's adapter, ``fixed`` changes are part of each;
+    ``chunked_ok`` varies ``efficiency.chunked_loss`` too (:func:`offers_chunked_loss`)."""
     b0 = spec.training.per_device_train_batch_size
     ga0 = spec.efficiency.gradient_accumulation_steps
     halvings = [0]
@@ -122,13 +138,15 @@ def _candidates(
         halvings.append(halvings[-1] + 1)
     precisions = list(dict.fromkeys([spec.efficiency.mixed_precision, "bf16", "no"]))
     ckpts = [False, True] if checkpointing_ok else [False]
+    chunked = [False, True] if chunked_ok else [spec.efficiency.chunked_loss]
     out = []
-    for opt, k, ckpt, mp in itertools.product(planner_order(), halvings, ckpts, precisions):
+    for opt, k, ckpt, chunk, mp in itertools.product(planner_order(), halvings, ckpts, chunked, precisions):
         wanted: dict[str, Any] = {
             "optimizer.name": opt,
             "training.per_device_train_batch_size": b0 // 2**k,
             "efficiency.gradient_accumulation_steps": ga0 * 2**k,
             "efficiency.gradient_checkpointing": ckpt,
+            "efficiency.chunked_loss": chunk,
             "efficiency.mixed_precision": mp,
         }
         current = {
@@ -136,6 +154,7 @@ def _candidates(
             "training.per_device_train_batch_size": b0,
             "efficiency.gradient_accumulation_steps": ga0,
             "efficiency.gradient_checkpointing": spec.efficiency.gradient_checkpointing,
+            "efficiency.chunked_loss": spec.efficiency.chunked_loss,
             "efficiency.mixed_precision": spec.efficiency.mixed_precision,
         }
         changes = {key: value for key, value in wanted.items() if current[key] != value} | (fixed or {})
@@ -175,6 +194,8 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
     if "efficiency.gradient_checkpointing" in changes:
         on = new.efficiency.gradient_checkpointing
         phrases.append("gradient checkpointing (recomputes the forward)" if on else "no gradient checkpointing")
+    if "efficiency.chunked_loss" in changes:
+        phrases.append("chunked loss (no logits held, same loss and gradients)")
     if "efficiency.mixed_precision" in changes:
         mp = new.efficiency.mixed_precision
         phrases.append("fp32, no autocast" if mp == "no" else f"{mp} autocast (16-bit activations)")
@@ -185,8 +206,9 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
 def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None) -> Plan:
     """Configurations of ``spec`` that fit ``gpu_memory_gb`` (GiB) per device, fastest first."""
     budget = int(gpu_memory_gb * GIB)
-    ckpt_ok = model_structure(spec.model, spec.task).supports_gradient_checkpointing
-    scored = _scored(spec, _candidates(spec, ckpt_ok), devices)
+    structure = model_structure(spec.model, spec.task)
+    ckpt_ok, chunked_ok = structure.supports_gradient_checkpointing, offers_chunked_loss(spec, structure)
+    scored = _scored(spec, _candidates(spec, ckpt_ok, chunked_ok=chunked_ok), devices)
     # The spec's own kind: one entry per (optimizer, precision), slower variants of a fitting pair are noise.
     entries = _fitting(spec, scored, budget, _optimizer_and_precision)
     # A DPO/ORPO job that does not fit as written is shown its method's cheaper forms beside those
@@ -198,7 +220,7 @@ def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = No
         entries += _fitting(spec, precomputed, budget, _optimizer_and_precision)
     for tier in adapter_tiers(spec) if widen else []:
         for option in tier:
-            tier_scored = _scored(spec, _candidates(spec, ckpt_ok, option), devices)
+            tier_scored = _scored(spec, _candidates(spec, ckpt_ok, option, chunked_ok=chunked_ok), devices)
             scored += tier_scored
             entries += _fitting(spec, tier_scored, budget, lambda new: "one per adapter")
     smallest = min(scored, key=lambda item: (item[3], item[0]))
