@@ -86,9 +86,13 @@ def apply_changes(spec: JobSpec, changes: dict[str, Any]) -> JobSpec:
 def next_oom_changes(spec: JobSpec) -> dict[str, Any] | None:
     """Spec changes (dotted paths) one rung below ``spec`` with the same effective batch; None at the bottom.
 
-    Halve the micro-batch and double accumulation, then gradient checkpointing, then a lighter
+    A DPO full fine-tune that keeps a frozen reference copy first scores the reference once before
+    training instead (``preference.reference: precomputed``: the same losses, one model copy less). Then
+    halve the micro-batch and double accumulation, then gradient checkpointing, then a lighter
     optimizer (the planner's order of the optimizer table: lighter state further on).
     """
+    if scores_reference(spec) and spec.adapter is None:
+        return dict(PRECOMPUTED_REFERENCE)
     batch, accum = spec.training.per_device_train_batch_size, spec.efficiency.gradient_accumulation_steps
     if batch > 1 and batch % 2 == 0:
         return {"training.per_device_train_batch_size": batch // 2, "efficiency.gradient_accumulation_steps": accum * 2}

@@ -91,3 +91,18 @@ def test_switching_optimizer_keeps_valid_hyper_parameters(make_spec: SpecFactory
     assert eight.optimizer.adam_beta2 == 0.98 and not eight.optimizer.amsgrad
     ada = apply_changes(spec, {"optimizer.name": "adafactor", "optimizer.amsgrad": False})
     assert ada.optimizer.name == "adafactor" and ada.optimizer.adam_beta2 == 0.999
+
+
+def test_the_oom_ladder_drops_a_dpo_reference_copy_before_anything_else() -> None:
+    from trainer_core.memory.planner import next_oom_changes
+    from trainer_core.spec import parse_spec
+
+    doc = {"name": "dpo", "task": "causal-lm", "method": "dpo", "model": {"name_or_path": "meta-llama/Llama-3.2-1B"},
+           "dataset": {"path": "json"}, "training": {"per_device_train_batch_size": 4}}  # fmt: skip
+    halved = {"training.per_device_train_batch_size": 2, "efficiency.gradient_accumulation_steps": 2}
+    full = parse_spec(doc)
+    assert next_oom_changes(full) == {"preference.reference": "precomputed"}  # the same losses, one copy less
+    assert next_oom_changes(apply_changes(full, {"preference.reference": "precomputed"})) == halved
+    # An adapter's reference is the base with the adapter off, ORPO has none, SFT keeps its ladder.
+    for changed in ({"adapter": {"type": "lora"}}, {"method": "orpo"}, {"method": "sft"}):
+        assert next_oom_changes(parse_spec({**doc, **changed})) == halved, changed
