@@ -105,6 +105,17 @@ def peft_config() -> Any:
                       target_modules=LORA["target_modules"])  # fmt: skip
 
 
+def quantization(kind: str) -> Any:
+    """The baselines' ``quantization_config``: QLoRA's NF4 base (double quant, bf16 compute), else None."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if kind != "qlora":
+        return None
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
+
+
 def add_model_arguments(p: argparse.ArgumentParser, lr: float) -> None:
     """The arguments both LLM benches share: batch, rate, model size, adapters, backend, repeats."""
     p.add_argument("--batch", type=int, default=8)
@@ -153,17 +164,12 @@ def run_trainjobs(spec: dict, out: Path, cache: Path) -> dict[str, float]:
 
 def _peft_model(kind: str, model_path: Path) -> Any:
     """Base model plus LoRA adapter, as PEFT's quicktour and its QLoRA guide build it."""
-    import torch
     from peft import get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM
 
+    model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quantization(kind))
     if kind == "qlora":
-        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                 bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
-        model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=bnb)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_path)
     return get_peft_model(model, peft_config())
 
 
@@ -226,21 +232,17 @@ def run_trl(kind: str, packing: bool, model_path: Path, files: dict[str, str], a
     """TRL's ``SFTTrainer`` as its docs show it, on the same rows, adapter, batch, rate and precision."""
     import torch
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    quant = None
-    if kind == "qlora":
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                   bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
     config = SFTConfig(
         output_dir=str(out), per_device_train_batch_size=args.batch, num_train_epochs=1, learning_rate=args.lr,
         seed=42, max_length=args.max_length, packing=packing, bf16=False, gradient_checkpointing=False,
         save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=50, eos_token=tokenizer.sep_token,
         use_cpu=not torch.cuda.is_available(),
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quant)
+    model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quantization(kind))
     data = load_dataset("json", data_files=files["train"], split="train")
     trainer = SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
                          peft_config=peft_config())  # fmt: skip

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_llm import adapter_section, add_model_arguments, peft_config, write_model
+from bench_llm import adapter_section, add_model_arguments, peft_config, quantization, write_model
 from child_runs import report, run_child
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,21 +99,17 @@ def run_trl(kind: str, model_path: Path, files: dict[str, str], args: argparse.N
     """TRL's ``DPOTrainer`` as its docs show it, on the same rows, adapter, batch, rate, beta and precision."""
     import torch
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    quant = None
-    if kind == "qlora":
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                   bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
     config = DPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.batch, num_train_epochs=1, learning_rate=args.lr,
         beta=args.beta, seed=42, max_length=args.max_length, bf16=False, gradient_checkpointing=False,
         save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=50,
         use_cpu=not torch.cuda.is_available(),
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quant)
+    model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quantization(kind))
     data = load_dataset("json", data_files=files["train"], split="train")
     trainer = DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
                          peft_config=peft_config())  # fmt: skip
