@@ -7,6 +7,16 @@ sha256, the step, the attempt) last, so a checkpoint counts only once whole: an 
 lost host leaves a folder without a manifest, which listing ignores. A download checks every size and
 hash before the checkpoint appears, under its local name, in one rename.
 
+A host cut off from the network may come back after its job moved to another attempt, with requests
+still in flight. Nothing such a fenced-out attempt sends can change a checkpoint the job counts on:
+- its files go to a folder of its own (``<step>/attempt-<n>/``, named by the manifest), so a late
+  write never overwrites the files of another attempt's checkpoint at the same step;
+- its manifest is written only right after the attempt renewed its lease, through a presigned PUT
+  that the store itself refuses once half a lease has passed (``commit_within_s``). No other attempt
+  can claim the job before the lease runs out, so a manifest delivered late is refused, never
+  committed over a newer attempt's. This assumes the hosts' clocks agree to within that margin, as
+  the leases themselves do. A store other than S3 gets a plain write, without that guarantee.
+
 :func:`job_checkpoints` is what users see (the API's list and download): the store's complete
 checkpoints and, for steps that have not landed there, the artifacts root's own ``checkpoint-<step>``
 folders (a local root is trained into directly: there a folder is complete once its meta file is).
@@ -27,6 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from service_core.artifacts import ArtifactStore, clean_relative_path
 from trainer_core.checkpoint import CHECKPOINT_PREFIX, META_FILE, checkpoint_dir
 
@@ -34,10 +46,16 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 CHECKPOINTS_DIR = "checkpoints"
+# A commit refused or timed out (a slow store) is tried again this many times, each after a renewal.
+COMMIT_TRIES = 3
 
 
 class CheckpointError(RuntimeError):
     """A stored checkpoint that cannot be used: a file missing, or its size or sha256 not the manifest's."""
+
+
+class CommitRefused(RuntimeError):
+    """The store refused a manifest's write (its presigned URL had expired, or another error)."""
 
 
 @dataclass(frozen=True)
@@ -92,26 +110,60 @@ class CheckpointStore:
                 folders[int(step_name)] = folders.get(int(step_name), False) or rest == MANIFEST
         return folders
 
-    def upload(self, folder: Path, step: int, attempt: int | None, *, may_commit: Callable[[], bool] = lambda: True
-               ) -> bool:  # fmt: skip
-        """Upload a local checkpoint folder as ``step``: every file, then the manifest, last.
+    def upload(self, folder: Path, step: int, attempt: int | None, *, may_commit: Callable[[], bool] = lambda: True,
+               commit_within_s: float | None = None) -> bool:  # fmt: skip
+        """Upload a local checkpoint folder as ``step``: every file (into the attempt's own folder),
+        then the manifest, last.
 
-        ``may_commit`` is asked right before the manifest is written: False (the attempt was fenced
-        out meanwhile) leaves the upload incomplete, so it never counts. Returns whether it was committed.
+        ``may_commit`` is asked right before each try at writing the manifest: False (the attempt was
+        fenced out meanwhile) leaves the upload incomplete, so it never counts. ``commit_within_s``: the
+        manifest write is one the store refuses after that many seconds (see the module's docstring).
+        Returns whether it was committed.
         """
         entries = describe_folder(folder)
+        files = f"attempt-{attempt}" if attempt is not None else ""
         target = self.step_dir(step)
         for entry in entries:
-            dest = f"{target}/{entry.path}"
+            dest = posixpath.join(target, files, entry.path)
             self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
             self.fs.put_file(str(folder / entry.path), dest)
-        if not may_commit():
-            log.warning("job %s: checkpoint %d uploaded but not committed: attempt %s no longer owns the job",
-                        self.job_id, step, attempt)  # fmt: skip
-            return False
-        manifest = {"step": step, "attempt": attempt, "files": [vars(e) for e in entries]}
-        self.fs.pipe_file(f"{target}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
-        return True
+        manifest = {"step": step, "attempt": attempt, "folder": files, "files": [vars(e) for e in entries]}
+        data = json.dumps(manifest, indent=1).encode()
+        for tried in range(1, COMMIT_TRIES + 1):
+            if not may_commit():
+                log.warning("job %s: checkpoint %d uploaded but not committed: attempt %s no longer owns the job",
+                            self.job_id, step, attempt)  # fmt: skip
+                return False
+            try:
+                self._write_within(f"{target}/{MANIFEST}", data, commit_within_s)
+                return True
+            except (httpx.TimeoutException, CommitRefused) as exc:
+                if tried == COMMIT_TRIES:
+                    raise
+                log.warning("job %s: committing checkpoint %d: %s; trying again", self.job_id, step, exc)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _write_within(self, path: str, data: bytes, within_s: float | None) -> None:
+        """Write ``data`` at ``path``; with ``within_s``, on S3, through a presigned PUT that the store
+        refuses once ``within_s`` seconds (at least one) have passed, however late it arrives."""
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
+        if within_s is None or "s3" not in protocols:
+            self.fs.pipe_file(path, data)
+            return
+        response = httpx.put(self.commit_url(path, within_s), content=data, timeout=within_s)
+        if response.status_code != 200:
+            raise CommitRefused(f"the store answered {response.status_code}: {response.text[:200]}")
+        self.fs.invalidate_cache(self.base)
+
+    def commit_url(self, path: str, within_s: float) -> str:
+        """A presigned S3 PUT of ``path`` that the store refuses after ``within_s`` seconds (at least one)."""
+        url: str = self.fs.url(path, expires=max(1, int(within_s)), client_method="put_object")
+        return url
+
+    def files_dir(self, step: int, manifest: dict[str, Any]) -> str:
+        """The folder that holds checkpoint ``step``'s files, as its manifest names it (none before
+        attempts had folders of their own: the step's folder)."""
+        return posixpath.join(self.step_dir(step), manifest.get("folder") or "").rstrip("/")
 
     def manifest(self, step: int) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(self.fs.cat_file(f"{self.step_dir(step)}/{MANIFEST}"))
@@ -123,8 +175,9 @@ class CheckpointStore:
         Files land in a temporary folder beside it and are checked against the manifest (size and
         sha256); only a whole checkpoint is renamed into place. Raises :class:`CheckpointError` otherwise.
         """
-        entries = [ManifestEntry(**item) for item in self.manifest(step)["files"]]
-        return self.fetch_folder(self.step_dir(step), step, entries, checkpoint_dir(output_dir, step))
+        manifest = self.manifest(step)
+        entries = [ManifestEntry(**item) for item in manifest["files"]]
+        return self.fetch_folder(self.files_dir(step, manifest), step, entries, checkpoint_dir(output_dir, step))
 
     def fetch_folder(self, source: str, step: int, entries: list[ManifestEntry], final: Path) -> Path:
         """Fetch ``entries`` of the checkpoint folder ``source`` (a path on this store's file system) into
@@ -186,7 +239,7 @@ class StoredCheckpoint:
     """A complete checkpoint as users see it: its ``folder`` (relative to the job's artifacts) and files."""
 
     step: int
-    folder: str  # checkpoints/<step> (the store's) or checkpoint-<step> (a run's own, on the root)
+    folder: str  # checkpoints/<step>/attempt-<n> (the store's) or checkpoint-<step> (a run's own, on the root)
     files: list[ManifestEntry]  # sha256 empty where the folder has no manifest
     taken_at: datetime
 
@@ -209,9 +262,11 @@ def job_checkpoints(artifacts_root: str, job_id: str) -> dict[int, StoredCheckpo
     found: dict[int, StoredCheckpoint] = {}
     for step in store.steps():
         with contextlib.suppress(FileNotFoundError):
-            entries = [ManifestEntry(**item) for item in store.manifest(step)["files"]]
+            manifest = store.manifest(step)
+            entries = [ManifestEntry(**item) for item in manifest["files"]]
             taken = _modified(store.fs, f"{store.step_dir(step)}/{MANIFEST}")
-            found[step] = StoredCheckpoint(step, f"{CHECKPOINTS_DIR}/{step}", entries, taken)
+            folder = posixpath.relpath(store.files_dir(step, manifest), job_dir)
+            found[step] = StoredCheckpoint(step, folder, entries, taken)
     try:
         children = store.fs.ls(job_dir, detail=False)
     except FileNotFoundError:

@@ -32,11 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from service_core.checkpoints import CheckpointError, CheckpointStore
-from service_core.db.jobstore import FencedOut, add_events, fence
-from service_core.db.models import Job
+from service_core.db.jobstore import FencedOut, add_events, renew_lease
 from service_core.db.session import DATABASE_UNAVAILABLE, session_scope
 from service_core.settings import Settings
 from trainer_core.best_checkpoint import protected_step
@@ -85,10 +82,11 @@ class CheckpointUploader:
 
     def __init__(
         self, store: CheckpointStore, output_dir: Path, staging_dir: Path, *, attempt: int | None,
-        keep: int | None, may_commit: Callable[[], bool] = lambda: True,
+        keep: int | None, may_commit: Callable[[], bool] = lambda: True, commit_within_s: float | None = None,
     ) -> None:  # fmt: skip
         self.store, self.output_dir, self.staging_dir = store, output_dir, staging_dir
         self.attempt, self.keep, self.may_commit = attempt, keep, may_commit
+        self.commit_within_s = commit_within_s
         self.last_staged = -1
         self.uploaded: list[int] = []  # steps committed to the store, in order
         self.stored: set[int] = set()  # steps the store holds (a resume's, and those committed since)
@@ -205,7 +203,8 @@ class CheckpointUploader:
         try:
             # The run's description of this checkpoint names the best one, which rotation must keep.
             protect = protected_step(read_meta(folder))
-            if not self.store.upload(folder, step, self.attempt, may_commit=self.may_commit):
+            if not self.store.upload(folder, step, self.attempt, may_commit=self.may_commit,
+                                     commit_within_s=self.commit_within_s):  # fmt: skip
                 return
             self.uploaded.append(step)
             with self.changed:
@@ -286,14 +285,16 @@ def resume_phrase(settings: Settings, job_id: str, output_dir: Path) -> str:
     return f"from {CHECKPOINT_PREFIX}{step}" if step is not None else "from the start (no checkpoint yet)"
 
 
-def attempt_owns_job(settings: Settings, job_id: str, attempt: int | None) -> bool:
-    """Whether ``attempt`` still runs the job: a fenced-out attempt commits no checkpoint to the store
-    (the newer attempt may be resuming from it). Unknown (the database away) is no."""
+def renew_to_commit(settings: Settings, job_id: str, attempt: int | None) -> bool:
+    """Renew ``attempt``'s lease, right before its uploader commits a checkpoint; False (commit
+    nothing) when the attempt was fenced out, or the database is away (unknown is no). Renewed, the job
+    cannot move to another attempt for a whole lease: the commit's presigned PUT, valid for half of
+    one (service_core/checkpoints.py), either lands before that or is refused by the store."""
     if attempt is None:
         return True
     try:
         with session_scope(settings.database_url) as session:
-            return session.execute(select(Job.id).where(Job.id == job_id, *fence(attempt))).first() is not None
+            return renew_lease(session, job_id, attempt, settings.lease_seconds)
     except DATABASE_UNAVAILABLE:
         return False
 
@@ -319,7 +320,7 @@ def start_uploader(
         return None
     keep = (spec.get("training") or {}).get("save_total_limit")
     store = CheckpointStore(settings.artifacts_root, job_id)
-    owns = lambda: attempt_owns_job(settings, job_id, attempt)  # noqa: E731
+    renew = lambda: renew_to_commit(settings, job_id, attempt)  # noqa: E731
     uploader = CheckpointUploader(store, paths.output_dir, paths.work_dir / "upload", attempt=attempt, keep=keep,
-                                  may_commit=owns)  # fmt: skip
+                                  may_commit=renew, commit_within_s=settings.lease_seconds / 2)  # fmt: skip
     return uploader.start()

@@ -7,20 +7,22 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import httpx
 import pytest
 
 from service_core.checkpoints import MANIFEST, CheckpointError, CheckpointStore
 from service_core.settings import Settings
 from trainer_core.best_checkpoint import META_KEY as BEST_META_KEY
 from trainer_core.checkpoint import META_FILE, checkpoint_dir
-from worker.checkpoint_sync import CheckpointUploader, attempt_owns_job
+from worker.checkpoint_sync import CheckpointUploader, renew_to_commit
 
-from .conftest import JobFactory
+from .conftest import JobFactory, load_job
 from .test_supervisor import wait_for
 
 
@@ -73,7 +75,7 @@ def test_a_download_that_does_not_match_its_manifest_is_refused(store: Checkpoin
     store.upload(fake_checkpoint(tmp_path / "out", 2), 2, attempt=1)
     # The object changed behind the manifest's back (same size, other bytes).
     other = fsspec.filesystem("s3", skip_instance_cache=True)
-    other.pipe_file(f"{store.step_dir(2)}/optimizer.pt", b"optimizer at 9")
+    other.pipe_file(f"{store.files_dir(2, store.manifest(2))}/optimizer.pt", b"optimizer at 9")
     with pytest.raises(CheckpointError, match=r"optimizer\.pt is 14 bytes, sha256 .*the manifest says 14 bytes"):
         store.download(2, tmp_path / "resume")
     assert not (tmp_path / "resume").exists() or list((tmp_path / "resume").iterdir()) == []
@@ -171,11 +173,36 @@ def test_a_fenced_out_attempt_commits_no_checkpoint(
     store: CheckpointStore, tmp_path: Path, sqlite_settings: Settings, make_job: JobFactory
 ) -> None:
     job_id = make_job(sqlite_settings, {}, status="running", attempts=2)
-    assert attempt_owns_job(sqlite_settings, job_id, 2)
-    stale = lambda: attempt_owns_job(sqlite_settings, job_id, 1)  # noqa: E731  (a newer attempt claimed it)
+    before = load_job(sqlite_settings, job_id).lease_expires_at
+    assert renew_to_commit(sqlite_settings, job_id, 2)  # the running attempt renews its lease to commit
+    renewed = load_job(sqlite_settings, job_id).lease_expires_at
+    assert renewed is not None and (before is None or renewed > before)
+    stale = lambda: renew_to_commit(sqlite_settings, job_id, 1)  # noqa: E731  (a newer attempt claimed it)
     output_dir = tmp_path / "output"
     uploader = CheckpointUploader(store, output_dir, tmp_path / "upload", attempt=1, keep=None,
                                   may_commit=stale).start()  # fmt: skip
     fake_checkpoint(output_dir, 2)
     uploader.finish(timeout_s=60)
     assert uploader.uploaded == [] and store.steps() == []
+
+
+def test_a_stale_attempts_late_writes_change_no_committed_checkpoint(store: CheckpointStore, tmp_path: Path) -> None:
+    """A host cut off mid-upload comes back with its requests still in flight: its manifest arrives
+    after the window it was signed for and is refused by the store; its files land in its own folder."""
+    ckpt = fake_checkpoint(tmp_path / "newer", 4)
+    assert store.upload(ckpt, 4, attempt=2, commit_within_s=30)  # the newer attempt commits step 4
+    assert store.manifest(4)["folder"] == "attempt-2"
+    assert store.fs.exists(f"{store.step_dir(4)}/attempt-2/model/weights.bin")
+
+    # The stale attempt's files for the same step, other bytes, arriving late: they go to attempt-1/.
+    stale = fake_checkpoint(tmp_path / "stale", 4)
+    (stale / "optimizer.pt").write_bytes(b"stale optimizer")
+    assert not store.upload(stale, 4, attempt=1, may_commit=lambda: False)
+    # Its manifest PUT, signed while it still held the lease, reaches the store after the window.
+    late = store.commit_url(f"{store.step_dir(4)}/{MANIFEST}", within_s=1)
+    time.sleep(2.2)
+    refused = httpx.put(late, content=json.dumps({"step": 4, "attempt": 1, "folder": "attempt-1"}).encode())
+    assert refused.status_code == 403, refused.text
+    assert store.manifest(4)["attempt"] == 2
+    fetched = store.download(4, tmp_path / "resume")  # every file as the newer attempt's manifest says
+    assert (fetched / "optimizer.pt").read_bytes() == (ckpt / "optimizer.pt").read_bytes()
