@@ -1,7 +1,7 @@
 """One GPU check for the day a device is lent: memory estimate, throughput, MFU and faults, one table.
 
     .venv/bin/python bench/gpu_check.py [--out results.json] [--only memory,throughput,mfu,faults]
-    .venv/bin/python bench/gpu_check.py --smoke [--out results.json]   # CPU, tiny configs, in the suite
+    .venv/bin/python bench/gpu_check.py --smoke [--fork-runs] [--out results.json]   # CPU, tiny configs, in the suite
 
 On one CUDA device (budget: under 8 minutes on an H200) it runs, and prints with PASS/MISS:
 
@@ -19,6 +19,9 @@ Every check is fenced: one that raises becomes an ERROR row and the others still
 without CUDA (and without ``--smoke``), 1 if a row is ERROR (or MISS on a GPU), else 0. ``--smoke`` runs
 the same code on the CPU with tiny models and a couple of steps: memory rows then check the optimizer
 state to the byte (a CPU has no allocator peak), throughput rows report without a goal.
+``--fork-runs`` starts the fault checks' runs the way a worker slot does, forked from one pre-imported
+parent (``worker/forkserver.py``) that imports while the other sections run, instead of a fresh interpreter
+per run (seven of them, each importing torch first); the suite's smoke run uses it.
 """
 
 from __future__ import annotations
@@ -40,14 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 Row = dict[str, Any]
 SECTIONS = ("memory", "throughput", "mfu", "faults")
+# bench_training.py's arguments: on the GPU, and the smoke run's (a couple of steps per variant).
+GPU_TRAINING = ["--train", "8000", "--val", "500", "--batch", "32", "--precision", "bf16", "--repeats", "1"]
+SMOKE_TRAINING = ["--train", "16", "--val", "8", "--batch", "8", "--max-length", "32", "--repeats", "1"]
 
 
 def throughput_rows(smoke: bool, root: Path) -> list[Row]:
     """bench_training's four variants on this device; the two backends against the tuned script."""
     import bench_training
 
-    argv = (["--train", "32", "--val", "16", "--batch", "8", "--max-length", "64", "--repeats", "1"] if smoke
-            else ["--train", "8000", "--val", "500", "--batch", "32", "--precision", "bf16", "--repeats", "1"])
+    argv = SMOKE_TRAINING if smoke else GPU_TRAINING
     args = bench_training.parser().parse_args(argv)
     results = bench_training.compare(bench_training.minilm_path(), args, root)
     rows = []
@@ -60,32 +65,37 @@ def throughput_rows(smoke: bool, root: Path) -> list[Row]:
     return rows
 
 
-def run_sections(sections: list[str], smoke: bool, root: Path) -> list[Row]:
+def run_sections(sections: list[str], smoke: bool, root: Path, fork_runs: bool = False) -> list[Row]:
     """Each section in turn; a section that raises outside its fenced checks becomes one ERROR row."""
     import bench_training
     import gpu_faults
     from gpu_llm import llm_memory_rows
     from gpu_memory import error_row, fenced, memory_rows, mfu_row
 
+    # Before the first section: with --fork-runs the runs' parent imports while the other sections run.
+    runs = gpu_faults.Runs(fork=fork_runs and "faults" in sections)
     rows: list[Row] = []
-    for section in sections:
-        started = time.perf_counter()
-        work = root / section
-        work.mkdir()
-        try:
-            if section == "memory":
-                rows += memory_rows(smoke)
-                rows += llm_memory_rows(smoke)
-            elif section == "mfu":
-                rows.append(fenced("mfu", f"{'tiny-bert' if smoke else 'BERT-base'} training step",
-                                   lambda: mfu_row(smoke)))
-            elif section == "throughput":
-                rows += throughput_rows(smoke, work)
-            else:
-                rows += gpu_faults.fault_rows(work, bench_training.write_data(work, 96, 16), smoke)
-        except Exception as exc:
-            rows.append(error_row(section, f"{section} (all)", exc))
-        print(f"[gpu_check] {section}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    try:
+        for section in sections:
+            started = time.perf_counter()
+            work = root / section
+            work.mkdir()
+            try:
+                if section == "memory":
+                    rows += memory_rows(smoke)
+                    rows += llm_memory_rows(smoke)
+                elif section == "mfu":
+                    rows.append(fenced("mfu", f"{'tiny-bert' if smoke else 'BERT-base'} training step",
+                                       lambda: mfu_row(smoke)))  # fmt: skip
+                elif section == "throughput":
+                    rows += throughput_rows(smoke, work)
+                else:
+                    rows += gpu_faults.fault_rows(runs, work, bench_training.write_data(work, 96, 16), smoke)
+            except Exception as exc:
+                rows.append(error_row(section, f"{section} (all)", exc))
+            print(f"[gpu_check] {section}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        runs.close()
     return rows
 
 
@@ -102,6 +112,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU, tiny models, a couple of steps")
     p.add_argument("--out", type=Path, help="also write the table as JSON to this file")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--fork-runs", action="store_true",
+                   help="fork the fault checks' runs from one pre-imported parent, as worker slots do")  # fmt: skip
     args = p.parse_args(argv)
     sections = [s for s in args.only.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
@@ -111,14 +123,14 @@ def main(argv: list[str]) -> int:
 
     if not args.smoke and not torch.cuda.is_available():
         print("gpu_check: no CUDA device found. Run it on a CUDA machine, or with --smoke to check the "
-              "script itself on the CPU.", file=sys.stderr)
+              "script itself on the CPU.", file=sys.stderr)  # fmt: skip
         return 2
     if args.smoke:  # tiny models run faster on one thread than fighting over shared cores
         torch.set_num_threads(1)
         os.environ["OMP_NUM_THREADS"] = "1"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = run_sections(sections, args.smoke, Path(tmp))
+        rows = run_sections(sections, args.smoke, Path(tmp), args.fork_runs)
     wall = time.perf_counter() - started
     print_table(rows)
     device = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name()

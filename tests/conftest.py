@@ -38,7 +38,7 @@ LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's sessio
                  "preference")
 )
 HEAVY_UNITS: dict[str, int] = {
-    "tests/bench/test_gpu_check_smoke.py": 300,
+    "tests/bench/test_gpu_check_smoke.py": 60,
     "tests/trainjobs live service": 250,
     "tests/fleet/": 220,
     "tests/worker/test_lease_live.py": 200,
