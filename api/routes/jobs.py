@@ -45,7 +45,7 @@ from api.schemas.jobs import CURSOR_PATTERN, Cursor, JobCreate, JobList, JobOut,
 from api.schemas.preflight import DryRunOut
 from api.spec_limits import runtime_limited
 from service_core.db.base import utcnow
-from service_core.db.jobstore import insert_job, transition
+from service_core.db.jobstore import insert_job, insert_plain_job, transition
 from service_core.db.models import Job, JobEvent
 from service_core.keys import Caller
 from service_core.settings import Settings
@@ -225,7 +225,7 @@ def create_job(
 def store_job(
     engine: Engine, settings: Settings, values: dict[str, Any], keyed: Idempotency | None, request: str
 ) -> Job:
-    """INSERT the job (after the queued-jobs quota), with its answer under ``keyed`` in the same transaction.
+    """INSERT the job (within the queued-jobs quota), with its answer under ``keyed`` in the same transaction.
 
     The row is its own outbox record: stamped as sent by its INSERT (no second round trip), so a crash
     before the send leaves a queued job the workers' sweep sends again. Without a key: one autocommit
@@ -235,8 +235,10 @@ def store_job(
         engine.begin() if keyed is not None else engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     )
     with scope as conn:
-        check_queued_quota(conn, values["owner"], settings.max_queued_per_owner)
-        job = insert_job(conn, **values)
+        job = insert_plain_job(conn, settings.max_queued_per_owner, **values)  # one statement, mostly
+        if job is None:  # over the quota (a 429 here), or the owner has webhooks to queue deliveries for
+            check_queued_quota(conn, values["owner"], settings.max_queued_per_owner)
+            job = insert_job(conn, **values)
         if keyed is not None:
             answer = JobOut.from_job(job).model_dump(mode="json")
             keyed.record(conn, request, status.HTTP_201_CREATED, answer, {"Location": f"/v1/jobs/{job.id}"})

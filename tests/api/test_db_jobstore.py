@@ -1,4 +1,5 @@
-"""Status moves only forward and event numbers never collide, on SQLite and PostgreSQL alike."""
+"""Status moves only forward, event numbers never collide, and a plain submit is one guarded INSERT,
+on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service_core.db import Base, Job, JobEvent
-from service_core.db.jobstore import add_events, transition
+from service_core.db.base import utcnow
+from service_core.db.jobstore import add_events, insert_plain_job, transition
+from service_core.db.models import Webhook
 from service_core.db.session import make_engine
 from service_core.status import JobStatus
 
@@ -101,3 +104,38 @@ def test_concurrent_writers_get_distinct_consecutive_seqs(engine: Engine) -> Non
     assert seqs == list(range(1, 41))
     assert sorted(lasts) == [5 * (i + 1) for i in range(8)]
     assert job.last_seq == 40
+
+
+def test_a_plain_submit_is_one_insert_guarded_by_the_quota_and_the_owners_webhooks(engine: Engine) -> None:
+    """Stored, with every column as given or defaulted, while the owner has fewer queued jobs than the
+    limit and no enabled webhook; otherwise nothing is stored and the caller takes the full path."""
+    spec = {"task": "text-classification", "nested": {"a": [1, 2.5, None]}}
+
+    def submit(owner: str, limit: int) -> Job | None:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            return insert_plain_job(conn, limit, owner=owner, name="j", spec=spec, created_at=utcnow())
+
+    def stored(owner: str) -> list[Job]:
+        with Session(engine) as session:
+            return list(session.execute(select(Job).where(Job.owner == owner)).scalars())
+
+    first = submit("alice", 2)
+    assert first is not None and first.status == JobStatus.queued.value
+    (row,) = stored("alice")
+    assert (row.id, row.spec, row.status, row.attempts) == (first.id, spec, "queued", first.attempts)
+    assert submit("alice", 2) is not None
+    assert submit("alice", 2) is None  # two queued: the quota's limit; nothing stored
+    assert len(stored("alice")) == 2
+    assert submit("alice", 0) is not None  # 0: no limit
+    assert len(stored("alice")) == 3
+
+    with Session(engine) as session:
+        session.add(Webhook(owner="bob", url="http://127.0.0.1:9/hook", secret="s" * 32, events=["job.queued"],
+                            enabled=False))  # fmt: skip
+        session.commit()
+    assert submit("bob", 0) is not None  # a disabled webhook queues no deliveries
+    with Session(engine) as session:
+        session.execute(update(Webhook).where(Webhook.owner == "bob").values(enabled=True))
+        session.commit()
+    assert submit("bob", 0) is None  # deliveries must commit with the job: the full path stores it
+    assert len(stored("bob")) == 1
