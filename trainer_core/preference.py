@@ -78,8 +78,8 @@ def policy_logps(model: Any, batch: dict[str, torch.Tensor]) -> PolicyLogps:
 
 @dataclass
 class PreferenceOutput:
-    """The batch's loss (with grad) and its detached metrics: the batch means named in
-    :data:`~trainer_core.spec_preference.REWARD_METRICS`, ORPO also ``nll_loss`` and ``log_odds_ratio``."""
+    """The batch's loss (with grad) and its detached metrics: the batch means named by
+    :func:`~trainer_core.spec_preference.reward_metrics` for the method."""
 
     loss: torch.Tensor
     metrics: dict[str, torch.Tensor]

@@ -25,7 +25,7 @@ from trainer_core.spec_adapter import AdapterSpec
 from trainer_core.spec_base import StrictModel, combination_error
 from trainer_core.spec_init_from import InitFromSpec
 from trainer_core.spec_integrations import IntegrationsSpec
-from trainer_core.spec_preference import PREFERENCE_METHODS, REWARD_METRICS, Method, PreferenceSpec, method_errors
+from trainer_core.spec_preference import PREFERENCE_METHODS, Method, PreferenceSpec, method_errors, reward_metrics
 
 Task = Literal["text-classification", "image-classification", "audio-classification", "causal-lm"]
 TEXT_TASKS = frozenset({"text-classification", "causal-lm"})
@@ -440,6 +440,11 @@ class JobSpec(StrictModel):
         """The ``preference`` section, or its defaults when the spec leaves it out."""
         return self.preference if self.preference is not None else PreferenceSpec()
 
+    @property
+    def reward_metrics(self) -> tuple[str, ...]:
+        """A preference run's metrics (logged with its loss, reported by its evaluations); none for SFT."""
+        return reward_metrics(self.method) if self.is_preference else ()
+
     def written_as(self, training_field: str) -> str:
         """Where the spec gives a ``training`` field: its ``checkpointing`` name when it came from there."""
         given = self.checkpointing.model_fields_set if self.checkpointing is not None else set()
@@ -454,7 +459,7 @@ class JobSpec(StrictModel):
     def evaluation_metrics(self) -> list[str]:
         """The values an evaluation of this run reports (trainer_core.backends.common.eval_values)."""
         if self.is_preference:
-            names = list(REWARD_METRICS)
+            names = list(self.reward_metrics)
         else:
             names = ["perplexity"] if self.task == "causal-lm" else list(self.metrics)
         return ["eval_loss", *map(metric_key, names)]

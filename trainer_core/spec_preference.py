@@ -32,6 +32,13 @@ DPO_FIELDS = ("loss_type", "label_smoothing", "reference")
 REWARD_METRICS: tuple[str, ...] = (
     "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected",
 )  # fmt: skip
+# ORPO's own, as TRL's ORPOTrainer logs them: the answer NLL and the mean log-sigmoid of the log-odds ratio.
+ORPO_METRICS: tuple[str, ...] = ("nll_loss", "log_odds_ratio")
+
+
+def reward_metrics(method: str) -> tuple[str, ...]:
+    """The metrics a ``method`` run logs with every loss and reports from every evaluation, in order."""
+    return REWARD_METRICS + ORPO_METRICS if method == "orpo" else REWARD_METRICS
 
 
 class PreferenceSpec(StrictModel):

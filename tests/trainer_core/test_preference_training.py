@@ -26,7 +26,7 @@ from trainer_core.data import PreparedData
 from trainer_core.data.preference import PreferenceCollator
 from trainer_core.events import EventCollector
 from trainer_core.spec import JobSpec, parse_spec
-from trainer_core.spec_preference import REWARD_METRICS
+from trainer_core.spec_preference import REWARD_METRICS, reward_metrics
 
 ACCURACY = "rewards/accuracies"
 
@@ -98,6 +98,13 @@ def test_reward_accuracy_rises_above_half(tmp_path: Path, backend: str, method: 
     assert accuracies[-1] > 0.5 and accuracies[-1] > accuracies[0], accuracies
     margins = metric_values(events, "rewards/margins")
     assert margins[-1] > margins[0], margins
+    spec = preference_spec(method, kind, backend, ref)
+    for event in events.of_kind("metric"):  # the method's own metrics, each step (ORPO: TRL's two more)
+        values = event["values"]
+        assert set(values) == {"loss", "learning_rate", "grad_norm", *reward_metrics(method)}
+        if method == "orpo":  # the logged loss is made of them: the NLL less beta x the odds-ratio term
+            expected = values["nll_loss"] - spec.preference_settings.beta * values["log_odds_ratio"]
+            assert values["loss"] == pytest.approx(expected, abs=1e-4), values
 
 
 def test_both_backends_emit_the_same_keys(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def evaluate(
                 pair_loss, metrics = objective(model, batch)
                 pairs = batch_samples(spec, batch)
                 rows, loss = accelerator.gather_for_metrics(
-                    (per_example(metrics, pairs), pair_loss.detach().float().repeat(pairs))
+                    (per_example(metrics, pairs, spec.reward_metrics), pair_loss.detach().float().repeat(pairs))
                 )
                 rewards.append(rows)
                 losses.append(loss)
@@ -137,7 +137,7 @@ def evaluate(
         torch.cat(refs).cpu().numpy() if refs else None,
         len(ctx.data.labels),
         float(torch.cat(losses).mean().item()),
-        reward_means(torch.cat(rewards).cpu()) if rewards else None,
+        reward_means(torch.cat(rewards).cpu(), spec.reward_metrics) if rewards else None,
     )
 
 

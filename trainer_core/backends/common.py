@@ -158,7 +158,7 @@ def eval_values(
     rewards: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """``eval_loss`` and the spec's metrics, keys prefixed ``eval_`` as Trainer's: a causal LM's perplexity,
-    or a DPO/ORPO run's ``rewards`` (the reward metrics, REWARD_METRICS)."""
+    or a DPO/ORPO run's ``rewards`` (its reward metrics, ``JobSpec.reward_metrics``)."""
     from trainer_core.metrics import compute_metrics, language_model_metrics
 
     if spec.is_preference:

@@ -28,13 +28,13 @@ from trainer_core.backends.reference import (
 )
 from trainer_core.chunked_loss import CHUNKED_REFUSAL, causal_lm_loss, chunkable
 from trainer_core.spec import FieldError, JobSpec, SpecError
-from trainer_core.spec_preference import REWARD_METRICS
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from trainer_core.backends.context import RunContext
     from trainer_core.data import PreparedData
+
 
 def batch_samples(spec: JobSpec, batch: dict[str, Any]) -> int:
     """The examples in a micro-batch: rows, or pairs for a preference batch (two rows each)."""
@@ -123,10 +123,9 @@ class MetricWindow:
 
     def add(self, metrics: dict[str, torch.Tensor]) -> None:
         """One micro-batch's metrics (its batch means), without a host sync."""
-        for key in REWARD_METRICS:
-            if key in metrics:
-                value = metrics[key].detach().float()
-                self.sums[key] = self.sums[key] + value if key in self.sums else value
+        for key, tensor in metrics.items():
+            value = tensor.detach().float()
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
         self.count += bool(metrics)
 
     def means(self, accelerator: Accelerator) -> dict[str, float]:
@@ -136,21 +135,22 @@ class MetricWindow:
         """
         if not self.count:
             return {}
-        keys = [key for key in REWARD_METRICS if key in self.sums]
+        keys = list(self.sums)  # the same on every process: the loss of the run's method names them
         stacked = torch.stack([self.sums[key] for key in keys]) / self.count
         reduced = accelerator.reduce(stacked, reduction="mean")
         self.sums, self.count = {}, 0
         return dict(zip(keys, reduced.tolist(), strict=True))
 
 
-def per_example(metrics: dict[str, torch.Tensor], examples: int) -> torch.Tensor:
-    """A batch's metric means as ``[examples, len(REWARD_METRICS)]`` rows: gathered across processes
-    and averaged, each batch then counts by its size (as Trainer weights an evaluation's losses)."""
-    row = torch.stack([metrics[key].detach().float() for key in REWARD_METRICS])
+def per_example(metrics: dict[str, torch.Tensor], examples: int, names: tuple[str, ...]) -> torch.Tensor:
+    """A batch's metric means as ``[examples, len(names)]`` rows (``names``: the run's reward metrics):
+    gathered across processes and averaged, each batch then counts by its size (as Trainer weights an
+    evaluation's losses)."""
+    row = torch.stack([metrics[key].detach().float() for key in names])
     return row.unsqueeze(0).repeat(examples, 1)
 
 
-def reward_means(rows: Any) -> dict[str, float]:
-    """An evaluation's reward metrics from the gathered :func:`per_example` rows."""
-    values = torch.as_tensor(rows, dtype=torch.float32).reshape(-1, len(REWARD_METRICS)).mean(dim=0)
-    return dict(zip(REWARD_METRICS, values.tolist(), strict=True))
+def reward_means(rows: Any, names: tuple[str, ...]) -> dict[str, float]:
+    """An evaluation's reward metrics, ``names``, from the gathered :func:`per_example` rows."""
+    values = torch.as_tensor(rows, dtype=torch.float32).reshape(-1, len(names)).mean(dim=0)
+    return dict(zip(names, values.tolist(), strict=True))

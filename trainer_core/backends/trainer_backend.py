@@ -59,7 +59,6 @@ from trainer_core.backends.sampling import EpochSampler, eval_order
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, rotate_checkpoints, write_meta
 from trainer_core.metrics import compute_metrics
 from trainer_core.optimizers import build_optimizer
-from trainer_core.spec_preference import REWARD_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -120,13 +119,15 @@ class _SeededOrderTrainer(Trainer):
         if not metrics:  # a chunked SFT loss: a causal LM is evaluated by its loss alone
             return loss.detach(), None, None
         # The metrics ride as "predictions", so Trainer gathers them across processes like the loss.
-        return loss.detach(), per_example(metrics, batch_samples(self.objective.spec, inputs)), None
+        spec = self.objective.spec
+        return loss.detach(), per_example(metrics, batch_samples(spec, inputs), spec.reward_metrics), None
 
     def evaluation_loop(self, *args: Any, **kwargs: Any) -> EvalLoopOutput:
         output = super().evaluation_loop(*args, **kwargs)
         if self.objective is not None and output.predictions is not None and output.metrics is not None:
             prefix = kwargs.get("metric_key_prefix", "eval")
-            output.metrics.update({f"{prefix}_{k}": v for k, v in reward_means(output.predictions).items()})
+            means = reward_means(output.predictions, self.objective.spec.reward_metrics)
+            output.metrics.update({f"{prefix}_{k}": v for k, v in means.items()})
         return output
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
@@ -167,7 +168,7 @@ class _RunCallback(TrainerCallback):
     ) -> None:
         if logs and "loss" in logs:
             values = {k: logs.get(k) for k in ("loss", "learning_rate", "grad_norm")}
-            values.update({k: logs[k] for k in REWARD_METRICS if k in logs})
+            values.update({k: logs[k] for k in self.ctx.spec.reward_metrics if k in logs})
             self.events.metric(state.global_step, state.epoch, values)
 
     def on_evaluate(
@@ -180,7 +181,7 @@ class _RunCallback(TrainerCallback):
     ) -> None:
         values = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_BOOKKEEPING}
         if self.ctx.spec.task == "causal-lm" and "eval_loss" in values:
-            rewards = {k: values[f"eval_{k}"] for k in REWARD_METRICS if f"eval_{k}" in values}
+            rewards = {k: values[f"eval_{k}"] for k in self.ctx.spec.reward_metrics if f"eval_{k}" in values}
             values = eval_values(self.ctx.spec, None, None, 0, values["eval_loss"], rewards or None)
             if metrics is not None:  # what trainer.evaluate() returns, and trackers log, has it too
                 metrics.update(values)
