@@ -25,7 +25,7 @@ from service_core.settings import Settings
 from service_core.status import JobStatus
 from trainer_core.auto import Budget
 from trainer_core.memory_overhead import overhead_mb_to_bytes
-from trainer_core.spec import FieldError, JobSpec
+from trainer_core.spec import FieldError, JobSpec, liger_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +97,7 @@ def liger_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessio
     if named is None and any(kind == "gpu" for _, kind in live_devices(queue, settings, sessions)):
         return []
     where = f"queue {queue!r} trains on the CPU" if named == "cpu" else f"no worker of queue {queue!r} has a GPU"
-    return [FieldError(
-        "efficiency.liger", f"Liger's kernels are Triton kernels and need a CUDA device, and {where}; "
-        "efficiency.chunked_loss saves the same logits memory on any device",
-    )]  # fmt: skip
+    return [liger_refusal(where)]
 
 
 def resolve_auto_for_submit(

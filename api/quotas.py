@@ -12,14 +12,13 @@ import math
 import time
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import CALLER_SCOPE_KEY
 from api.problems import Problem, problem_response
-from service_core.db.models import Job
+from service_core.db.jobstore import queued_count
 from service_core.keys import Caller
-from service_core.status import JobStatus
 
 # (method, path) -> the action whose rate is limited, and the setting that sets it.
 RATE_LIMITED = {
@@ -86,9 +85,7 @@ def check_queued_quota(conn: Connection, owner: str, limit: int) -> None:
     """429 when ``owner`` already has ``limit`` jobs waiting in the queue (0: no limit)."""
     if limit <= 0:
         return
-    queued = conn.execute(
-        select(func.count()).select_from(Job).where(Job.owner == owner, Job.status == JobStatus.queued.value)
-    ).scalar_one()
+    queued = conn.execute(queued_count(owner)).scalar_one()
     if queued >= limit:
         raise too_many(
             f"{owner} has {queued} jobs queued, the most allowed (TRAINJOBS_MAX_QUEUED_PER_OWNER); "

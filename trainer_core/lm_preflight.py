@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from trainer_core.spec import FieldError, JobSpec, SpecError
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedConfig, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +34,12 @@ def check_adapter_targets(spec: JobSpec) -> None:
     target_linears(model_structure(spec.model, spec.task), spec.adapter)
 
 
-def _check_packing(spec: JobSpec) -> None:
-    from trainer_core.data.lm_prepare import check_lm_model, lm_model_config
+def _model_config(spec: JobSpec) -> PreTrainedConfig | None:
+    """The causal LM's config, as the run reads it (None where a pretrained one is unreadable here)."""
+    from trainer_core.data.lm_prepare import lm_model_config
     from trainer_core.modeling import config_from_dict
 
-    config = config_from_dict(spec.model.config) if spec.model.config is not None else None
-    check_lm_model(spec, lm_model_config(spec, config))
+    return lm_model_config(spec, config_from_dict(spec.model.config) if spec.model.config is not None else None)
 
 
 def readable_tokenizer(spec: JobSpec) -> PreTrainedTokenizerBase | None:
@@ -68,24 +68,12 @@ def _check_chat_template(spec: JobSpec, columns: list[str]) -> None:
         check_chat_tokenizer(tokenizer, spec)
 
 
-def _check_chunked_loss(spec: JobSpec) -> None:
+def _check_chunked_loss(spec: JobSpec, config: PreTrainedConfig | None) -> None:
     """``efficiency.chunked_loss`` on a model whose config changes the logits after the head."""
-    if not spec.efficiency.chunked_loss:
+    if not spec.efficiency.chunked_loss or config is None:
         return
-    from transformers import AutoConfig
-
     from trainer_core.chunked_loss import CHUNKED_REFUSAL, changes_logits
-    from trainer_core.modeling import config_from_dict
 
-    try:
-        config = (
-            config_from_dict(spec.model.config)
-            if spec.model.config is not None
-            else AutoConfig.from_pretrained(str(spec.model.name_or_path), revision=spec.model.revision)
-        )
-    except (OSError, ValueError) as exc:  # the model source check names an unreadable model
-        logger.info("model config not readable before the run: %s", exc)
-        return
     if (field := changes_logits(config)) is not None:
         raise SpecError([FieldError("efficiency.chunked_loss", f"{CHUNKED_REFUSAL} (its config sets {field})")])
 
@@ -95,9 +83,12 @@ def lm_errors(spec: JobSpec, columns: list[str], checks: list[str]) -> list[Fiel
     errors: list[FieldError] = []
     steps: list[tuple[str, Callable[[], None]]] = [("adapter_targets", lambda: check_adapter_targets(spec))]
     if spec.task == "causal-lm":
-        steps += [("lm_model", lambda: _check_packing(spec))]
+        from trainer_core.data.lm_prepare import check_lm_model
+
+        config = _model_config(spec)  # read once, for both checks
+        steps += [("lm_model", lambda: check_lm_model(spec, config))]
         steps += [("chat_template", lambda: _check_chat_template(spec, columns))]
-        steps += [("chunked_loss", lambda: _check_chunked_loss(spec))]
+        steps += [("chunked_loss", lambda: _check_chunked_loss(spec, config))]
     for name, step in steps:
         try:
             step()

@@ -526,6 +526,13 @@ class SpecError(ValueError):
         super().__init__("; ".join(f"{e.field}: {e.message}" for e in errors))
 
 
+def liger_refusal(where: str = "") -> FieldError:
+    """``efficiency.liger`` where no CUDA device trains; ``where`` says why none does (the API's queue check)."""
+    because = f", and {where}" if where else ""
+    return FieldError("efficiency.liger", f"Liger's kernels are Triton kernels and need a CUDA device{because}; "
+                      "efficiency.chunked_loss saves the same logits memory on any device")  # fmt: skip
+
+
 def untrainable_errors(spec: JobSpec, *, cuda: bool) -> list[FieldError]:
     """What this machine cannot train although the spec is valid (estimates accept it): QLoRA's fp16
     without CUDA (bitsandbytes' 4-bit kernels on the CPU compute in bf16 or fp32), and Liger's kernels.
@@ -541,10 +548,7 @@ def untrainable_errors(spec: JobSpec, *, cuda: bool) -> list[FieldError]:
     ):
         errors.append(FieldError("adapter.compute_dtype", "qlora in fp16 needs a CUDA device; use 'bf16' here"))
     if spec.efficiency.liger and not cuda:
-        errors.append(FieldError(
-            "efficiency.liger", "Liger's kernels are Triton kernels and need a CUDA device; "
-            "efficiency.chunked_loss saves the same logits memory on any device",
-        ))  # fmt: skip
+        errors.append(liger_refusal())
     return errors
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Table, exists, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Connection, Select, Table, exists, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from service_core.db.base import as_utc, utcnow
@@ -87,6 +87,11 @@ def insert_job(conn: Connection, **values: Any) -> Job:
     return Job(**row)
 
 
+def queued_count(owner: str) -> Select[int]:
+    """The number of ``owner``'s jobs waiting in the queue: what ``TRAINJOBS_MAX_QUEUED_PER_OWNER`` bounds."""
+    return select(func.count()).select_from(Job).where(Job.owner == owner, Job.status == JobStatus.queued.value)
+
+
 def insert_plain_job(conn: Connection, queued_limit: int, **values: Any) -> Job | None:
     """A submit's common case in one statement: INSERT the job only while its owner has fewer than
     ``queued_limit`` jobs queued (0: no limit) and no enabled webhook (whose deliveries must commit with
@@ -102,10 +107,7 @@ def insert_plain_job(conn: Connection, queued_limit: int, **values: Any) -> Job 
         ~exists().where(Webhook.owner == row["owner"], Webhook.enabled.is_(True)),
     ]
     if queued_limit > 0:
-        queued = (
-            select(func.count()).select_from(Job).where(Job.owner == row["owner"], Job.status == JobStatus.queued.value)
-        )
-        guards.append(queued.scalar_subquery() < queued_limit)
+        guards.append(queued_count(row["owner"]).scalar_subquery() < queued_limit)
     columns = list(table.columns)
     source = select(*(literal(row[c.key], type_=c.type).label(c.key) for c in columns)).where(*guards)
     # RETURNING rather than rowcount, which psycopg reports as -1 for an INSERT ... SELECT.
