@@ -26,6 +26,7 @@ from trainer_core.spec_base import StrictModel, combination_error
 from trainer_core.spec_init_from import InitFromSpec
 from trainer_core.spec_integrations import IntegrationsSpec
 from trainer_core.spec_preference import PREFERENCE_METHODS, Method, PreferenceSpec, method_errors, reward_metrics
+from trainer_core.spec_sharding import FsdpSpec, Sharding, sharding_errors
 
 Task = Literal["text-classification", "image-classification", "audio-classification", "causal-lm"]
 TEXT_TASKS = frozenset({"text-classification", "causal-lm"})
@@ -271,6 +272,11 @@ class EfficiencySpec(StrictModel):
         default=False, description="causal-lm on CUDA: Liger's Triton kernels (RMSNorm, RoPE, SwiGLU and the fused "
         "linear cross-entropy) through `liger-kernel` (the `liger` extra). Refused where no CUDA device trains.",
     )  # fmt: skip
+    sharding: Sharding = Field(
+        default="none", description="`fsdp`: shard the weights, gradients and optimizer state across the processes "
+        "(torch's FSDP2 `fully_shard`); `none`: every process holds all of them (DDP).",
+    )  # fmt: skip
+    fsdp: FsdpSpec | None = Field(default=None, description="FSDP options; with `sharding: fsdp` only.")
 
 
 class ResourcesSpec(StrictModel):
@@ -387,6 +393,13 @@ class JobSpec(StrictModel):
                 "efficiency.local_sgd_steps",
                 "local SGD belongs to the 'accelerate' backend; set training.backend to 'accelerate'",
             )
+        eff = self.efficiency
+        for field, message in sharding_errors(
+            eff.sharding, eff.fsdp, world=self.resources.num_processes, backend=self.training.backend,
+            adapter=self.adapter is not None, optimizer=self.optimizer.name, mixed_precision=eff.mixed_precision,
+            local_sgd=eff.local_sgd_steps is not None, preference=self.is_preference,
+        ):  # fmt: skip
+            raise combination_error(field, message)
         for name in ("chunked_loss", "liger"):
             if getattr(self.efficiency, name) and self.task != "causal-lm":
                 raise combination_error(f"efficiency.{name}", "applies to task 'causal-lm' only")
@@ -439,6 +452,13 @@ class JobSpec(StrictModel):
     def preference_settings(self) -> PreferenceSpec:
         """The ``preference`` section, or its defaults when the spec leaves it out."""
         return self.preference if self.preference is not None else PreferenceSpec()
+
+    @property
+    def fsdp_settings(self) -> FsdpSpec | None:
+        """The FSDP options of a sharded job (their defaults when ``efficiency.fsdp`` is left out); None unsharded."""
+        if self.efficiency.sharding != "fsdp":
+            return None
+        return self.efficiency.fsdp if self.efficiency.fsdp is not None else FsdpSpec()
 
     @property
     def reward_metrics(self) -> tuple[str, ...]:

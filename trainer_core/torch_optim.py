@@ -67,15 +67,22 @@ def override_embeddings_to_32bit(optimizer: Any, model: nn.Module) -> None:
     optimizer.mng = manager
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a sharded (FSDP2) tensor, with its padded storage; any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes held in ``optimizer.state``: every tensor's numel x element size, each storage once."""
+    """Bytes held in ``optimizer.state`` on this process: each tensor's storage once (a shard's own)."""
     seen: set[int] = set()
     total = 0
     for state in optimizer.state.values():
         for value in state.values():
             if not isinstance(value, torch.Tensor):
                 continue
-            storage = value.untyped_storage()
+            storage = local(value).untyped_storage()
             key = storage.data_ptr() if storage.data_ptr() else id(storage)
             if key in seen:
                 continue

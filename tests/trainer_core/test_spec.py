@@ -50,15 +50,21 @@ EXAMPLE: dict[str, Any] = {
 
 
 def with_change(path: str, value: Any) -> dict[str, Any]:
+    return with_changes({path: value})
+
+
+def with_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    """EXAMPLE with each dotted ``path: value`` set (``_DELETE`` removes the field)."""
     doc = copy.deepcopy(EXAMPLE)
-    *parents, leaf = path.split(".")
-    node = doc
-    for key in parents:
-        node = node.setdefault(key, {})
-    if value is _DELETE:
-        node.pop(leaf, None)
-    else:
-        node[leaf] = value
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = doc
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is _DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
     return doc
 
 
@@ -125,6 +131,35 @@ def test_local_sgd_needs_the_accelerate_backend() -> None:
     assert err.field == "efficiency.local_sgd_steps"
     assert "accelerate" in err.message
     assert parse_spec(with_change("efficiency.local_sgd_steps", 4)).efficiency.local_sgd_steps == 4
+
+
+SHARDED: dict[str, Any] = {"efficiency.sharding": "fsdp", "resources.num_processes": 2, "optimizer.name": "adamw"}
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("resources.num_processes", 1, "resources.num_processes"),
+        ("training.backend", "trainer", "training.backend"),
+        ("optimizer.name", "adamw_8bit", "optimizer.name"),
+        ("optimizer.name", "adafactor", "optimizer.name"),
+        ("efficiency.mixed_precision", "fp16", "efficiency.mixed_precision"),
+        ("efficiency.local_sgd_steps", 2, "efficiency.local_sgd_steps"),
+        ("adapter", {"type": "lora"}, "adapter"),
+        ("efficiency.sharding", "none", "efficiency.fsdp"),  # options without sharding
+    ],
+)
+def test_what_sharding_cannot_run_is_refused_naming_the_field(path: str, value: Any, field: str) -> None:
+    assert error_fields(with_changes({**SHARDED, "efficiency.fsdp": {"strategy": "shard_grad_op"}, path: value})) == [
+        field
+    ]
+
+
+def test_a_sharded_spec_validates_with_its_defaults() -> None:
+    spec = parse_spec(with_changes(SHARDED))
+    assert spec.fsdp_settings is not None
+    assert (spec.fsdp_settings.strategy, spec.fsdp_settings.cpu_offload) == ("full_shard", False)
+    assert parse_spec(EXAMPLE).fsdp_settings is None
 
 
 def test_model_needs_exactly_one_source() -> None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.local_sgd import LocalSGD
+from accelerate.optimizer import AcceleratedOptimizer
 from datasets import Dataset
 from torch import nn
 from torch.utils.data import DataLoader
@@ -53,8 +55,16 @@ from trainer_core.backends.reference import keep_reference_logps
 from trainer_core.backends.sampling import EpochSampler, eval_order
 from trainer_core.checkpoint import TrainProgress, checkpoint_dir, read_progress, rotate_checkpoints, write_meta
 from trainer_core.optimizers import build_optimizer
+from trainer_core.sharding import full_model_state, load_sharded, save_sharded, shard_model
 
 logger = logging.getLogger(__name__)
+
+
+def whole(norm: torch.Tensor) -> torch.Tensor:
+    """The gradient norm as a plain tensor (under FSDP clipping returns a DTensor, reduced over the shards)."""
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def _without_lengths(dataset: Dataset) -> tuple[Dataset, list[int] | None]:
@@ -145,6 +155,8 @@ def _save_checkpoint(book: _Bookkeeping, progress: TrainProgress, epoch: float) 
     accelerator, ctx = book.accelerator, book.ctx
     ckpt = checkpoint_dir(ctx.output_dir, progress.global_step)
     accelerator.save_state(str(ckpt))  # every rank: each saves its own RNG state
+    if ctx.spec.fsdp_settings is not None:  # the model and optimizer are not accelerate's: their shards
+        save_sharded(ckpt, book.model, book.optimizer.optimizer)
     # Every rank tracks the best checkpoint (each may load it at the end); the main one describes it.
     evaluations = book.events.checkpoint_written(progress.global_step)
     if accelerator.is_main_process:
@@ -174,12 +186,20 @@ def _adapter_checkpoints(accelerator: Accelerator) -> None:
     accelerator.register_save_state_pre_hook(keep_trainable)
 
 
-def _load_checkpoint(accelerator: Accelerator, ctx: RunContext) -> TrainProgress:
+def _load_state(accelerator: Accelerator, ctx: RunContext, checkpoint: Path, model: nn.Module, optimizer: Any) -> None:
+    """A checkpoint's state into this run: accelerate's (RNG, sampler, scheduler; unsharded: model and
+    optimizer too), then a sharded run's model and optimizer shards."""
+    # An adapter run's checkpoint lacks the frozen base (rebuilt as the run started), so not strict.
+    accelerator.load_state(str(checkpoint), strict=ctx.spec.adapter is None)
+    if ctx.spec.fsdp_settings is not None:
+        load_sharded(checkpoint, model, optimizer.optimizer)
+
+
+def _load_checkpoint(accelerator: Accelerator, ctx: RunContext, model: nn.Module, optimizer: Any) -> TrainProgress:
     """Where training starts: the checkpoint's step, epoch and batch, or the very beginning."""
     if ctx.resume_from is None:
         return TrainProgress(0, 0, 0)
-    # An adapter run's checkpoint lacks the frozen base (rebuilt as the run started), so not strict.
-    accelerator.load_state(str(ctx.resume_from), strict=ctx.spec.adapter is None)
+    _load_state(accelerator, ctx, ctx.resume_from, model, optimizer)
     start = read_progress(ctx.resume_from)
     logger.info("resuming from %s at step %d", ctx.resume_from, start.global_step)
     return start
@@ -294,10 +314,18 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     # Before `prepare`: a preference run's reference is the starting model (and a precomputed one its rows').
     objective, data = start_objective(ctx, model, accelerator)
     ctx = replace(ctx, data=data)
+    if spec.fsdp_settings is not None:
+        shard_model(model, spec, accelerator.device)  # before the optimizer: it steps the shards
     optimizer = build_optimizer(model, spec.optimizer, t.learning_rate, t.weight_decay)
     start_optimizer(spec, optimizer, fresh)
     train_dl, eval_dl = _dataloaders(ctx, collator_for(ctx.data.collator, model, ctx.emit))
-    model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
+    if spec.fsdp_settings is None:
+        model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
+    else:
+        # A sharded model is not accelerate's to wrap (on the CPU it would add DDP around it); its optimizer
+        # is wrapped only to step when the accumulation window closes, and saved as shards, not by accelerate.
+        optimizer = AcceleratedOptimizer(optimizer, device_placement=False)
+        train_dl = accelerator.prepare(train_dl)
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)
     plan = plan_steps(spec, batches_per_epoch(len(ctx.data.train), t.per_device_train_batch_size,
@@ -308,7 +336,7 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     accelerator.register_for_checkpointing(scheduler)
     if spec.adapter is not None:
         _adapter_checkpoints(accelerator)
-    start = _load_checkpoint(accelerator, ctx)
+    start = _load_checkpoint(accelerator, ctx, model, optimizer)
     book = _Bookkeeping(
         ctx, accelerator, model, optimizer, scheduler, eval_dl, plan, objective, global_step=start.global_step
     )
@@ -331,7 +359,7 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
                     loss, metrics = objective(model, batch)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and t.max_grad_norm > 0:
-                        book.grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+                        book.grad_norm = whole(accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm))
                     optimizer.step()  # a no-op until the accumulation window closes
                     if accelerator.sync_gradients:
                         scheduler.step()  # not prepared (see above), so only when the optimizer stepped
@@ -354,7 +382,7 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     load_best = t.load_best_model_at_end and book.events.best.step is not None
     if not cancelled:
         if load_best:
-            _load_best(accelerator, ctx, book)
+            _load_best(accelerator, ctx, book, optimizer)
         elif book.events.eval_step != book.global_step:
             book.evaluate(float(plan.num_epochs))
         _save_final(accelerator, model, ctx)
@@ -366,21 +394,23 @@ def train_with_accelerate(ctx: RunContext) -> BackendResult:
     )
 
 
-def _load_best(accelerator: Accelerator, ctx: RunContext, book: _Bookkeeping) -> None:
+def _load_best(accelerator: Accelerator, ctx: RunContext, book: _Bookkeeping, optimizer: Any) -> None:
     """``load_best_model_at_end``: the best checkpoint's weights become the model saved as final (its
     optimizer and scheduler state come along, unused: training is over)."""
     step = book.events.best.step
     if step is None or step == book.global_step:
         return  # the model in memory is the best one
     logger.info("loading the best checkpoint (step %d, %s %s)", step, book.events.best.key, book.events.best.value)
-    accelerator.load_state(str(checkpoint_dir(ctx.output_dir, step)), strict=ctx.spec.adapter is None)
+    _load_state(accelerator, ctx, checkpoint_dir(ctx.output_dir, step), book.model, optimizer)
 
 
 def _save_final(accelerator: Accelerator, model: nn.Module, ctx: RunContext) -> None:
     accelerator.wait_for_everyone()
+    # A sharded model's weights are gathered whole first (every rank takes part; rank 0 gets them).
+    state = full_model_state(model) if ctx.spec.fsdp_settings is not None else None
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(str(ctx.output_dir))  # a PEFT model writes its adapter only
+        unwrapped.save_pretrained(str(ctx.output_dir), state_dict=state)  # a PEFT model writes its adapter only
         save_final_extras(ctx.spec, unwrapped, ctx.data.processor, ctx.output_dir)
     accelerator.wait_for_everyone()
 

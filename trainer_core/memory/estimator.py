@@ -7,6 +7,11 @@ no-grad reference forward, optimizer step: its largest temporary). The phases do
 reference forward ends before the policy's begins, activations are freed by the time the optimizer
 steps. DPO/ORPO forward ``2B`` rows (chosen + rejected); DPO's reference model is
 :mod:`trainer_core.memory.reference`.
+
+Under ``efficiency.sharding: fsdp`` each rank holds its shards (:mod:`trainer_core.memory.sharding`):
+parameters, gradients and optimizer state are rank ``rank``'s (default 0, the largest), there are no
+DDP buckets nor autocast copies, and the forward phase adds the weights gathered whole. With
+``fsdp.cpu_offload`` the shards live in host memory: counted in ``host_bytes``, not in the device total.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from trainer_core.memory.loss import CHUNK_FORMULA, GRADIENTS_FORMULA, chunked_l
 from trainer_core.memory.optimizer_state import optimizer_memory
 from trainer_core.memory.parameters import ModelStructure, model_structure
 from trainer_core.memory.reference import ReferencePart, reference_forward, reference_weights
+from trainer_core.memory.sharding import GRADIENTS_FORMULA as SHARDED_GRADIENTS
+from trainer_core.memory.sharding import PARAMETERS_FORMULA as SHARDED_PARAMETERS
+from trainer_core.memory.sharding import ShardedLayout, sharded_layout
 from trainer_core.memory_overhead import MIB, OVERHEAD_ENV, overhead_bytes_from_env
 from trainer_core.optimizers import optimizer_state_key
 from trainer_core.spec import FieldError, JobSpec, SpecError
@@ -65,6 +73,10 @@ class MemoryEstimate(BaseModel):
     # DPO's reference model (0 for SFT, ORPO, adapters scoring the base, `reference: precomputed`).
     reference_weight_bytes: int = 0
     reference_forward_bytes: int = 0
+    # FSDP: the weights gathered whole during forward/backward; the bytes cpu_offload keeps in host memory.
+    sharding: str = "none"
+    gather_bytes: int = 0
+    host_bytes: int = 0
     devices: int
     parts: list[MemoryPart]
     gpu_memory_bytes: int | None = None
@@ -90,13 +102,15 @@ def estimate_memory(
     gpu_memory_gb: float | None = None,
     overhead_bytes: int | None = None,
     num_labels: int | None = None,
+    rank: int = 0,
 ) -> MemoryEstimate:
     """Estimate per-device training memory of ``spec``.
 
     ``devices`` defaults to ``spec.resources.num_processes``, the budget ``gpu_memory_gb`` (GiB) to
     ``spec.resources.gpu_memory_gb``, ``num_labels`` to the config's own (else 2): the estimator
-    never reads the dataset. Raises :class:`~trainer_core.memory.UnknownModelError` for a model it
-    cannot resolve, :class:`~trainer_core.spec.SpecError` for settings the model cannot run.
+    never reads the dataset. ``rank``: whose shards a sharded run counts (rank 0 holds the most).
+    Raises :class:`~trainer_core.memory.UnknownModelError` for a model it cannot resolve,
+    :class:`~trainer_core.spec.SpecError` for settings the model cannot run.
     """
     structure = model_structure(spec.model, spec.task, num_labels)
     if spec.efficiency.gradient_checkpointing and not structure.supports_gradient_checkpointing:
@@ -117,34 +131,55 @@ def estimate_memory(
     frozen_bytes = layout.frozen_bytes
     grad_bytes = param_bytes  # gradients: trainable parameters only, at their (fp32) dtype
     optimizer = spec.optimizer
-    # The table names the fields each state rule reads: they, the layout and the structure are the memo key.
-    opt_key = (optimizer_state_key(optimizer), id(layout))  # layouts are memoized on the structure too
-    opt = structure.memoized(opt_key, lambda: optimizer_memory(layout.trainable, optimizer))
+    shards = sharded_layout(structure, spec, n_devices, rank) if spec.fsdp_settings is not None else None
+    if shards is None:
+        # The table names the fields each state rule reads: they, the layout and the structure are the memo key.
+        opt_key = (optimizer_state_key(optimizer), id(layout))  # layouts are memoized on the structure too
+        opt = structure.memoized(opt_key, lambda: optimizer_memory(layout.trainable, optimizer))
+    else:
+        param_bytes, frozen_bytes, grad_bytes = shards.parameter_bytes, 0, shards.gradient_bytes
+        opt = optimizer_memory(shards.local, optimizer)
     act = estimate_activations(structure, spec, layout)
     # the loss's share of the forward phase: the fp32 logits, or what the chunked loss holds instead
     loss_parts = _loss_parts(structure, spec)
     loss = sum(part.bytes for part in loss_parts)
-    casts = autocast_copy_bytes(structure, spec, layout)
+    # Sharded: FSDP's mixed precision gathers 16-bit weights instead of autocast copying them.
+    casts = autocast_copy_bytes(structure, spec, layout) if shards is None else 0
+    gather = shards.gather_bytes if shards is not None else 0
     # DDP's buckets (25 MB each by default) together hold one copy of every gradient (accelerate does
     # not set gradient_as_bucket_view), so their sum is the gradient size whatever the bucket cap.
-    ddp = grad_bytes if n_devices > 1 else 0
+    ddp = grad_bytes if n_devices > 1 and shards is None else 0
     ref_weights, ref_forward = reference_weights(spec, layout), reference_forward(structure, spec)
-    transient = max(casts + loss, ref_forward.bytes, opt.step_temporary_bytes)
-    peak_phase = max(act.bytes + casts + loss, ref_forward.bytes, opt.step_temporary_bytes)
+    offloaded = shards is not None and shards.offloaded
+    step = 0 if offloaded else opt.step_temporary_bytes  # an offloaded optimizer steps on the CPU
+    transient = max(casts + gather + loss, ref_forward.bytes, step)
+    peak_phase = max(act.bytes + casts + gather + loss, ref_forward.bytes, step)
     fixed = param_bytes + frozen_bytes + ref_weights.bytes + grad_bytes + opt.state_bytes
-    total = fixed + peak_phase + overhead + ddp
+    host = param_bytes + grad_bytes + opt.state_bytes if offloaded else 0
+    total = fixed - host + peak_phase + overhead + ddp
     weights_line, forward_line = _reference_parts(spec, ref_weights, ref_forward)
 
+    held = "in host memory (fsdp.cpu_offload), not in the total" if offloaded else None
     parts = [
         MemoryPart(
             name="parameters",
             bytes=param_bytes + frozen_bytes,
-            formula=layout.formula,
-            note=spec.adapter and spec.adapter.type,
+            formula=layout.formula if shards is None else SHARDED_PARAMETERS,
+            note=held or (spec.adapter and spec.adapter.type) or _rank_note(shards, rank, n_devices),
         ),
         *weights_line,
-        MemoryPart(name="gradients", bytes=grad_bytes, formula="trainable numel x 4 B"),
-        MemoryPart(name="optimizer_state", bytes=opt.state_bytes, formula=opt.state_formula, note=spec.optimizer.name),
+        MemoryPart(
+            name="gradients",
+            bytes=grad_bytes,
+            formula="trainable numel x 4 B" if shards is None else SHARDED_GRADIENTS,
+            note=held,
+        ),
+        MemoryPart(
+            name="optimizer_state",
+            bytes=opt.state_bytes,
+            formula=opt.state_formula,
+            note=f"{spec.optimizer.name}, {held}" if held else spec.optimizer.name,
+        ),
         MemoryPart(name="activations", bytes=act.bytes, formula=act.formula, note="one micro-batch"),
         MemoryPart(
             name="autocast_copies",
@@ -153,10 +188,11 @@ def estimate_memory(
             note=FORWARD_PHASE,
         ),
         *loss_parts,
+        *_gather_part(shards),
         *forward_line,
         MemoryPart(
             name="optimizer_step_temporary",
-            bytes=opt.step_temporary_bytes,
+            bytes=step,
             formula=opt.step_temporary_formula,
             note="optimizer-step phase; the total counts the larger phase",
         ),
@@ -185,11 +221,26 @@ def estimate_memory(
         total_bytes=total,
         reference_weight_bytes=ref_weights.bytes,
         reference_forward_bytes=ref_forward.bytes,
+        sharding=spec.efficiency.sharding,
+        gather_bytes=gather,
+        host_bytes=host,
         devices=n_devices,
         parts=parts,
         gpu_memory_bytes=budget,
         fits=None if budget is None else total <= budget,
     )
+
+
+def _rank_note(shards: ShardedLayout | None, rank: int, devices: int) -> str | None:
+    return None if shards is None else f"rank {rank}'s shards of {devices}"
+
+
+def _gather_part(shards: ShardedLayout | None) -> list[MemoryPart]:
+    """A sharded run's forward/backward line: the weights it gathers whole (none unsharded)."""
+    if shards is None:
+        return []
+    return [MemoryPart(name="fsdp_gathered", bytes=shards.gather_bytes, formula=shards.gather_formula,
+                       note=FORWARD_PHASE)]
 
 
 def _loss_parts(structure: ModelStructure, spec: JobSpec) -> list[MemoryPart]:

@@ -29,6 +29,7 @@ from trainer_core.memory.catalog import catalog_config, catalog_ids, in_catalog
 from trainer_core.memory.linears import LinearInfo, linear_modules
 from trainer_core.modeling import MASTER_DTYPE, MODEL_CLASSES, config_from_dict, label_config
 from trainer_core.optimizers import TensorInfo
+from trainer_core.sharding import sharding_units
 from trainer_core.spec import FieldError, ModelSpec, SpecError
 from trainer_core.torch_optim import decay_parameter_names, embedding_modules
 
@@ -72,6 +73,7 @@ class ModelStructure:
     attn_implementation: str  # "sdpa", "eager", ...: whether the score matrix is stored
     supports_gradient_checkpointing: bool
     linears: tuple[LinearInfo, ...] = ()  # what LoRA targets and QLoRA quantises
+    units: tuple[str, ...] = ()  # the modules FSDP shards as units of their own (trainer_core/sharding.py)
     # Figures derived from `tensors` for one setting (e.g. an optimizer's state), computed once per
     # structure: the structure is cached, and re-adding ~200 tensors was most of a warm estimate.
     memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -209,6 +211,7 @@ def build_structure(key: SourceKey, task: str, num_labels: int) -> ModelStructur
         attn_implementation=attn,
         supports_gradient_checkpointing=bool(model.supports_gradient_checkpointing),
         linears=linear_modules(model, task),
+        units=tuple(name for name, _ in sharding_units(model)),
     )
 
 

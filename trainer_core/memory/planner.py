@@ -10,9 +10,12 @@ then the fewest changes to the spec, then 16-bit autocast before fp32 (tensor co
 ``plan_rank`` (adamw, adamw_8bit, adafactor: extra work per step).
 
 When no setting of the spec's own kind fits (a full fine-tune, or the spec's adapter), or a DPO/ORPO
-spec does not fit as written, it adds, for a DPO job scoring a reference every step
-(``preference.reference: base``), the same settings with the reference log-probs precomputed before
-training (no frozen copy, no reference forward a step; one entry per (optimizer, precision)); then
+spec does not fit as written, it adds, for an SFT full fine-tune on several processes, the same
+settings sharded (``efficiency.sharding: fsdp`` on the accelerate backend): ``shard_grad_op``, then
+``full_shard``, then ``full_shard`` with CPU offload, one entry each (the fastest fitting setting);
+for a DPO job scoring a reference every step (``preference.reference: base``), the same settings with
+the reference log-probs precomputed before training (no frozen copy, no reference forward a step; one
+entry per (optimizer, precision)); then
 adapter options: LoRA, then QLoRA (a 4-bit base), each at rank 8, 16 and 64 (``alpha = 2r``,
 all-linear), one entry per adapter (its fastest fitting setting). Every entry fits by the
 estimator's own numbers.
@@ -34,9 +37,17 @@ from trainer_core.memory.estimator import GIB, estimate_memory, human_bytes
 from trainer_core.memory.parameters import ModelStructure, model_structure
 from trainer_core.memory.reference import scores_reference
 from trainer_core.optimizers import OPTIMIZER_TABLE, planner_order
-from trainer_core.spec import JobSpec, OptimizerSpec, parse_spec
+from trainer_core.spec import JobSpec, OptimizerSpec, SpecError, parse_spec
+from trainer_core.spec_sharding import SHARDED_OPTIMIZERS
 
 ADAPTER_RANKS = (8, 16, 64)
+# Sharded forms of a full fine-tune, fastest first: one gather a step less, then least memory, then offload.
+SHARDING_TIERS: tuple[dict[str, Any], ...] = tuple(
+    {"efficiency.sharding": "fsdp", "training.backend": "accelerate", "efficiency.fsdp": fsdp}
+    for fsdp in (
+        {"strategy": "shard_grad_op"}, {"strategy": "full_shard"}, {"strategy": "full_shard", "cpu_offload": True},
+    )
+)  # fmt: skip
 PRECOMPUTED_REFERENCE: dict[str, Any] = {"preference.reference": "precomputed"}
 
 
@@ -100,6 +111,8 @@ def next_oom_changes(spec: JobSpec) -> dict[str, Any] | None:
         return {"efficiency.gradient_checkpointing": True}
     order = planner_order()
     lighter = order[order.index(spec.optimizer.name) + 1 :]
+    if spec.fsdp_settings is not None:  # sharding steps only the optimizers that build state per shard
+        lighter = [name for name in lighter if name in SHARDED_OPTIMIZERS]
     return {"optimizer.name": lighter[0]} if lighter else None
 
 
@@ -123,6 +136,26 @@ def offers_chunked_loss(spec: JobSpec, structure: ModelStructure) -> bool:
     if spec.task != "causal-lm" or spec.is_preference or efficiency.chunked_loss or efficiency.liger:
         return False
     return changes_logits(structure.config) is None
+
+
+def offers_sharding(spec: JobSpec) -> bool:
+    """Whether the planner may shard: an unsharded SFT full fine-tune on several processes."""
+    return (
+        spec.resources.num_processes > 1 and spec.efficiency.sharding == "none" and spec.adapter is None
+        and not spec.is_preference and spec.efficiency.local_sgd_steps is None
+    )  # fmt: skip
+
+
+def _valid(spec: JobSpec, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The candidates the spec's rules accept (sharding takes fewer optimizers and precisions)."""
+    kept = []
+    for changes in candidates:
+        try:
+            apply_changes(spec, changes)
+        except SpecError:
+            continue
+        kept.append(changes)
+    return kept
 
 
 def _candidates(
@@ -200,6 +233,10 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
         phrases.append("gradient checkpointing (recomputes the forward)" if on else "no gradient checkpointing")
     if "efficiency.chunked_loss" in changes:
         phrases.append("chunked loss (no logits held, same loss and gradients)")
+    if "efficiency.sharding" in changes and new.fsdp_settings is not None:
+        fsdp = new.fsdp_settings
+        offload = ", shards in host memory" if fsdp.cpu_offload else ""
+        phrases.append(f"FSDP {fsdp.strategy} over {new.resources.num_processes} processes{offload}")
     if "efficiency.mixed_precision" in changes:
         mp = new.efficiency.mixed_precision
         phrases.append("fp32, no autocast" if mp == "no" else f"{mp} autocast (16-bit activations)")
@@ -218,6 +255,10 @@ def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = No
     # A DPO/ORPO job that does not fit as written is shown its method's cheaper forms beside those
     # settings; any other job only when none of them fits.
     widen = not entries or (spec.is_preference and estimate_memory(spec, devices=devices).total_bytes > budget)
+    for fixed in SHARDING_TIERS if widen and offers_sharding(spec) else ():
+        sharded = _scored(spec, _valid(spec, _candidates(spec, ckpt_ok, fixed=fixed, chunked_ok=chunked_ok)), devices)
+        scored += sharded
+        entries += _fitting(spec, sharded, budget, lambda new: "one per sharding mode")
     if widen and scores_reference(spec):
         precomputed = _scored(spec, _candidates(spec, ckpt_ok, fixed=PRECOMPUTED_REFERENCE), devices)
         scored += precomputed

@@ -106,3 +106,41 @@ def test_the_oom_ladder_drops_a_dpo_reference_copy_before_anything_else() -> Non
     # An adapter's reference is the base with the adapter off, ORPO has none, SFT keeps its ladder.
     for changed in ({"adapter": {"type": "lora"}}, {"method": "orpo"}, {"method": "sft"}):
         assert next_oom_changes(parse_spec({**doc, **changed})) == halved, changed
+
+
+def test_a_full_fine_tune_of_8b_on_8_x_80_gib_is_offered_sharding(make_spec: SpecFactory) -> None:
+    """Unsharded, no setting of Llama-3-8B's full fine-tune fits 80 GiB (weights, gradients and AdamW state
+    alone are 16 B a parameter); sharded over 8 processes it does, and those entries come before adapters."""
+    spec = make_spec(
+        "meta-llama/Meta-Llama-3-8B", task="causal-lm", preprocessing=LLAMA_SFT,
+        training={"per_device_train_batch_size": 4}, efficiency={"mixed_precision": "bf16"},
+        resources={"num_processes": 8},
+    )  # fmt: skip
+    plan = plan_memory(spec, 80)
+    sharded = [e for e in plan.entries if e.spec.fsdp_settings is not None]
+    modes = [(e.spec.fsdp_settings.strategy, e.spec.fsdp_settings.cpu_offload) for e in sharded if e.spec.fsdp_settings]
+    assert modes == [("shard_grad_op", False), ("full_shard", False), ("full_shard", True)]
+    assert plan.entries[: len(sharded)] == sharded  # a full fine-tune kept before any adapter
+    for entry in sharded:
+        assert entry.spec.adapter is None and entry.spec.training.backend == "accelerate"
+        assert estimate_memory(entry.spec).total_bytes == entry.estimate_total_bytes <= 80 * GIB
+        assert entry.spec == apply_changes(spec, entry.changes)
+        assert "FSDP" in entry.reason and "over 8 processes" in entry.reason
+    unsharded = [e for e in plan.entries if e.spec.adapter is None and e.spec.fsdp_settings is None]
+    assert unsharded == []
+    # on one process there is nothing to shard over
+    single = make_spec("meta-llama/Meta-Llama-3-8B", task="causal-lm", preprocessing=LLAMA_SFT,
+                       efficiency={"mixed_precision": "bf16"})  # fmt: skip
+    assert all(e.spec.fsdp_settings is None for e in plan_memory(single, 80).entries)
+
+
+def test_the_oom_ladder_of_a_sharded_job_offers_only_what_sharding_runs(make_spec: SpecFactory) -> None:
+    from trainer_core.memory.planner import next_oom_changes
+
+    spec = make_spec("text", training={"backend": "accelerate", "per_device_train_batch_size": 1},
+                     efficiency={"sharding": "fsdp", "gradient_checkpointing": True},
+                     resources={"num_processes": 2})  # fmt: skip
+    # at the bottom of the batch and checkpointing rungs, an unsharded job would switch to adamw_8bit
+    assert next_oom_changes(spec.model_copy(update={"efficiency": spec.efficiency.model_copy(
+        update={"sharding": "none"})})) == {"optimizer.name": "adamw_8bit"}  # fmt: skip
+    assert next_oom_changes(spec) is None
