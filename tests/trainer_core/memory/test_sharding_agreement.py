@@ -1,9 +1,9 @@
 """Sharded runs (issue 28): the estimate's per-rank parameter, gradient and optimizer-state bytes equal,
 to the byte and on every rank, what real ranks hold after their first optimizer step, on gloo at world
-sizes 2 and 4, for a tiny Llama and a tiny BERT, under DDP, FSDP full shard, shard-grad-op and CPU
-offload. The shapes are odd on purpose (a 3-row classifier on 4 ranks: the last rank holds no row, yet
-its padded storage), so padding is exercised. The same launch trains two steps each way: FSDP's loss
-equals DDP's.
+sizes 2 and 4, for a tiny Llama and a tiny BERT, under DDP, FSDP full shard, shard-grad-op, CPU
+offload and activation checkpointing. The shapes are odd on purpose (a 3-row classifier on 4 ranks:
+the last rank holds no row, yet its padded storage), so padding is exercised. The same launch trains
+two steps each way: FSDP's loss equals DDP's.
 
 The ranks run tests/trainer_core/memory/sharded_ranks.py, which builds each model as a run does.
 """
@@ -39,6 +39,7 @@ MODES: dict[str, dict[str, Any]] = {
     "full_shard": {"sharding": "fsdp"},
     "shard_grad_op": {"sharding": "fsdp", "fsdp": {"strategy": "shard_grad_op"}},
     "cpu_offload": {"sharding": "fsdp", "fsdp": {"cpu_offload": True}},
+    "checkpointed": {"sharding": "fsdp", "gradient_checkpointing": True},  # activation checkpointing under FSDP
 }
 
 
@@ -102,5 +103,5 @@ def test_fsdp_trains_to_ddps_loss(ranks: tuple[int, list[dict[str, Any]]], arch:
     losses = {mode: next(line["losses"] for line in lines if line["spec"].endswith(f"/{arch}-{mode}.json"))
               for mode in MODES}  # fmt: skip
     assert losses["ddp"][1] != losses["ddp"][0]  # the second step saw updated weights
-    for mode in ("full_shard", "shard_grad_op", "cpu_offload"):
+    for mode in ("full_shard", "shard_grad_op", "cpu_offload", "checkpointed"):
         assert losses[mode] == pytest.approx(losses["ddp"], rel=1e-5), mode
