@@ -285,11 +285,11 @@ def time_estimate(
     if sample_tokens:  # packed rows: fewer samples than rows (the eval split is packed the same way)
         per_row = float(sample_tokens["samples_per_row"])
         train_rows, eval_rows = max(1, math.ceil(train_rows * per_row)), math.ceil(eval_rows * per_row)
-    steps, samples, eval_samples = run_samples(spec, train_rows, eval_rows, spec.resources.num_processes)
+    steps, samples, eval_samples = run_samples(spec, train_rows, eval_rows, spec.world_size)
     device = settings.queue_devices.get(queue)
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(spec.efficiency.mixed_precision, "fp32")
     # Without a device the rate itself is learned (a peak of 1 FLOP/s makes the efficiency the rate).
-    peak = device_peak(device, dtype) * spec.resources.num_processes if device else 1.0  # type: ignore[arg-type]
+    peak = device_peak(device, dtype) * spec.world_size if device else 1.0  # type: ignore[arg-type]
     # The model family's own history where it has enough jobs (its step overhead and efficiency are
     # its own: a BERT and a Llama of one size differ), else the whole queue's.
     family = structure.model_type
@@ -338,9 +338,9 @@ def with_cost(time_body: dict[str, Any] | None, spec: JobSpec, queue: str, setti
         return None
     price = settings.queue_prices.get(queue)
     seconds = time_body.get("seconds")
-    hours = None if seconds is None else device_hours(seconds, spec.resources.num_processes)
+    hours = None if seconds is None else device_hours(seconds, spec.world_size)
     return time_body | {
-        "devices": spec.resources.num_processes,
+        "devices": spec.world_size,
         "device_hours": hours,
         "price_per_device_hour": price,
         "cost": None if hours is None else cost_of(hours, price),
@@ -356,7 +356,7 @@ def check_monthly_budget(
     from service_core.usage import committed_hours, monthly_budget, predicted_device_hours
 
     budget = monthly_budget(settings.owner_monthly_device_hours, owner)
-    predicted = predicted_device_hours(estimate, spec.resources.num_processes)
+    predicted = predicted_device_hours(estimate, spec.world_size)
     if budget is None or predicted is None:
         return
     with sessions() as session:

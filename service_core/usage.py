@@ -4,7 +4,7 @@ One rule, used by the job detail, ``GET /v1/usage`` and the budget check at subm
 
 * A job is **charged** ``run_seconds × devices`` device-seconds: ``run_seconds`` adds up every
   attempt's time in ``running`` (``service_core.db.jobstore.transition`` adds each attempt as it ends),
-  ``devices`` is what each attempt held (``resources.num_processes``).
+  ``devices`` is what each attempt held (``JobSpec.world_size``).
 * Its **cost** is the charged device-hours times the queue's price per device-hour
   (``TRAINJOBS_QUEUE_PRICES``) *when the job was submitted*, stored on the job, so a later price change
   does not rewrite past bills. A queue without a price costs nothing (``cost`` is null).

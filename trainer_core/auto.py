@@ -142,7 +142,7 @@ def _micro_batches(spec: JobSpec, cap: int) -> list[int]:
     target = spec.training.effective_batch_size
     if target is None:
         return [2**k for k in range(int(math.log2(cap)), -1, -1)]
-    per_device = target // spec.resources.num_processes
+    per_device = target // spec.world_size
     return [b for b in range(min(per_device, cap), 0, -1) if per_device % b == 0]
 
 
@@ -156,7 +156,7 @@ def auto_micro_batch(spec: JobSpec, budget: Budget, overhead_bytes: int | None =
     for size in _micro_batches(spec, cap):
         changes = {"per_device_train_batch_size": size}
         if target is not None:
-            changes["gradient_accumulation_steps"] = target // (size * spec.resources.num_processes)
+            changes["gradient_accumulation_steps"] = target // (size * spec.world_size)
         trial = with_values(spec, changes)
         total = estimate_memory(trial, gpu_memory_gb=budget.gb, overhead_bytes=overhead_bytes).total_bytes
         if total <= limit:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, Event, EventSink, make_event, stream_sink
+from trainer_core.launch import Rendezvous
 from trainer_core.path_guard import add_reach_arguments, check_reach, reach_from
 from trainer_core.spec import SpecError, load_spec_file
 
@@ -72,7 +73,18 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--stop-file", type=Path, help="stop gracefully once this file exists")
     parser.add_argument("--cache-dir", type=Path, help="preprocessed-data cache (default: none)")
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                        help="a job of several nodes (resources.num_nodes): where they meet, the same on each; "
+                        "the first node to start hosts it")  # fmt: skip
+    parser.add_argument("--rdzv-id", help="the multi-node run's id, the same on each node (default: the spec's name)")
     add_reach_arguments(parser)
+
+
+def rendezvous_from(args: argparse.Namespace, name: str) -> Rendezvous | None:
+    """The ``--rdzv-*`` arguments (None: a job on this machine alone)."""
+    if not args.rdzv_endpoint:
+        return None
+    return Rendezvous(args.rdzv_endpoint, args.rdzv_id or name)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -101,8 +113,8 @@ def run_train(args: argparse.Namespace) -> int:
         sink(make_event("done", status="failed", summary=failure_summary(exc)))
         return print_spec_errors(exc)
     try:
-        status = train_job(spec, args.output_dir, emit=sink, resume=args.resume,
-                           stop_file=args.stop_file, cache_dir=args.cache_dir, reach=reach)
+        status = train_job(spec, args.output_dir, emit=sink, resume=args.resume, stop_file=args.stop_file,
+                           cache_dir=args.cache_dir, reach=reach, rendezvous=rendezvous_from(args, spec.name))
     except SpecError as exc:
         return print_spec_errors(exc)
     finally:

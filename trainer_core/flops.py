@@ -205,5 +205,5 @@ def training_flops(
     structure: ModelStructure, spec: JobSpec, train_rows: int, eval_rows: int, tokens: int | None = None
 ) -> TrainingFlops:
     """The FLOPs of the run ``spec`` describes on ``train_rows`` / ``eval_rows`` rows."""
-    _, samples, eval_samples = run_samples(spec, train_rows, eval_rows, spec.resources.num_processes)
+    _, samples, eval_samples = run_samples(spec, train_rows, eval_rows, spec.world_size)
     return TrainingFlops(sample_flops(structure, spec, tokens), samples, eval_samples, train_rows, eval_rows)

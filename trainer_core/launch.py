@@ -3,6 +3,12 @@
 ``run_distributed`` starts ``python -m torch.distributed.run --nproc_per_node N -m trainer_core.rank_entry``;
 each rank (:mod:`trainer_core.rank_entry`) calls :func:`trainer_core.run.train_job` (gloo on CPU, nccl on
 GPU, chosen by accelerate) and rank 0 prints its events as JSON lines, which the parent parses and forwards.
+
+A job of several nodes (``resources.num_nodes``) runs the same command on each machine with torchrun's
+c10d rendezvous instead of ``--standalone``: ``--nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT
+--rdzv-id ID``, the same endpoint and id everywhere (:class:`Rendezvous`). The rendezvous decides which
+node holds rank 0, whose launcher relays the job's events; another node's launcher reports only how its
+own ranks ended.
 This module does not import :mod:`trainer_core.run` (which imports it), so the two form no circle.
 """
 
@@ -14,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_core.events import Event, EventSink, RunStatus, make_event, parse_event_line
@@ -23,12 +30,27 @@ from trainer_core.spec import FieldError, JobSpec, SpecError
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of a multi-node run meet: torchrun's c10d store at ``endpoint`` (``HOST:PORT``,
+    hosted by the first node to arrive there), for the run ``run_id`` (the same on every node)."""
+
+    endpoint: str
+    run_id: str
+
+    def args(self, nodes: int) -> list[str]:
+        return [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}",
+                f"--rdzv-id={self.run_id}"]  # fmt: skip
+
+
 def torchrun_command(
     spec_path: Path, output_dir: Path, nproc: int, *, resume: bool, stop_file: Path | None, cache_dir: Path | None,
-    reach: Reach | None = None,
+    reach: Reach | None = None, nodes: int = 1, rendezvous: Rendezvous | None = None,
 ) -> list[str]:
-    """The torchrun command line for one job (``--standalone``: a free local rendezvous port)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    """The torchrun command line for one job's processes on this node (one node: ``--standalone``, a free
+    local rendezvous port; several: ``rendezvous``)."""
+    where = ["--standalone"] if rendezvous is None else rendezvous.args(nodes)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
            "-m", "trainer_core.rank_entry", str(spec_path), "--output-dir", str(output_dir)]
     if resume:
         cmd.append("--resume")
@@ -57,13 +79,15 @@ def run_distributed(
     stop_file: Path | None = None,
     cache_dir: Path | None = None,
     reach: Reach | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> RunStatus:
-    """Run ``spec`` on ``spec.resources.num_processes`` local processes; returns rank 0's status."""
+    """Run ``spec`` on ``spec.resources.num_processes`` local processes (this node's share of the job);
+    returns rank 0's status, or on a node without rank 0 how its own ranks ended."""
     output_dir.mkdir(parents=True, exist_ok=True)
     spec_path = output_dir / "spec.json"
     spec_path.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
-    cmd = torchrun_command(spec_path, output_dir, spec.resources.num_processes,
-                           resume=resume, stop_file=stop_file, cache_dir=cache_dir, reach=reach)
+    cmd = torchrun_command(spec_path, output_dir, spec.resources.num_processes, resume=resume, stop_file=stop_file,
+                           cache_dir=cache_dir, reach=reach, nodes=spec.resources.num_nodes, rendezvous=rendezvous)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     previous = None
@@ -92,6 +116,10 @@ def run_distributed(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    if done is None and returncode == 0 and rendezvous is not None:
+        # Rank 0 ran on another node, which reports the job; this node's ranks all finished.
+        emit(make_event("done", status="succeeded", summary={"node": "without rank 0: the job's events are its"}))
+        return "succeeded"
     if done is None:
         emit(make_event("done", status="failed",
                         summary={"reason": "internal", "error": f"torchrun exited with status {returncode}"}))

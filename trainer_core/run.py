@@ -20,6 +20,7 @@ from trainer_core.deadline import deadline_guard
 from trainer_core.events import Event, EventSink, RunStatus, make_event
 from trainer_core.failures import failure_reason, failure_summary
 from trainer_core.init_from import init_source
+from trainer_core.launch import Rendezvous
 from trainer_core.nan_guard import nan_guard
 from trainer_core.oom_fault import install_oom_fault
 from trainer_core.path_guard import Reach, check_reach
@@ -146,8 +147,11 @@ def train_job(
     stop_file: Path | None = None,
     cache_dir: Path | None = None,
     reach: Reach | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> RunStatus:
     """Train ``spec`` into ``output_dir`` and return how it ended; always emits a final ``done`` event.
+
+    ``rendezvous``: where a job of several nodes meets (each node calls this with the same one).
 
     Raises :class:`SpecError` (after the ``done`` event) for a spec this machine cannot run, so the
     CLI can name the field; every other failure is reported as status ``failed`` with a reason.
@@ -157,6 +161,11 @@ def train_job(
     output_dir = Path(output_dir)
     try:
         check_runnable(spec)
+        if spec.resources.num_nodes > 1 and rendezvous is None and not is_distributed_rank():
+            raise SpecError([FieldError(
+                "resources.num_nodes", "a job of several nodes needs a rendezvous: start it on each node with the "
+                "same --rdzv-endpoint HOST:PORT and --rdzv-id",
+            )])  # fmt: skip
         if spec.training.auto and not is_distributed_rank():  # ranks get the launcher's resolved spec
             spec = resolve_auto_here(spec, sink)
     except SpecError as exc:
@@ -172,11 +181,12 @@ def train_job(
         return "failed"
     with trackers:
         tracked = trackers.sink(sink)
-        if spec.resources.num_processes > 1:
+        if spec.world_size > 1:
             from trainer_core.launch import run_distributed
 
             return run_distributed(
-                spec, output_dir, emit=tracked, resume=resume, stop_file=stop_file, cache_dir=cache_dir, reach=reach
+                spec, output_dir, emit=tracked, resume=resume, stop_file=stop_file, cache_dir=cache_dir, reach=reach,
+                rendezvous=rendezvous,
             )
         return _train_here(spec, output_dir, tracked, resume, stop_file, cache_dir, reach)
 

@@ -280,7 +280,13 @@ class EfficiencySpec(StrictModel):
 
 
 class ResourcesSpec(StrictModel):
-    num_processes: int = Field(default=1, ge=1, le=64)
+    num_processes: int = Field(default=1, ge=1, le=64, description="Processes (devices) on each node.")
+    num_nodes: int = Field(
+        default=1, ge=1, le=64,
+        description="Machines the job spans, each running `num_processes` processes (torchrun's `--nnodes`): the "
+        "world size is num_nodes x num_processes. Outside the service each machine starts the run with the same "
+        "`--rdzv-endpoint`; the service does not schedule multi-node jobs yet.",
+    )  # fmt: skip
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device memory budget checked against the estimate."
     )
@@ -395,7 +401,7 @@ class JobSpec(StrictModel):
             )
         eff = self.efficiency
         for field, message in sharding_errors(
-            eff.sharding, eff.fsdp, world=self.resources.num_processes, backend=self.training.backend,
+            eff.sharding, eff.fsdp, world=self.world_size, backend=self.training.backend,
             adapter=self.adapter is not None, optimizer=self.optimizer.name, mixed_precision=eff.mixed_precision,
             local_sgd=eff.local_sgd_steps is not None, preference=self.is_preference,
         ):  # fmt: skip
@@ -426,10 +432,11 @@ class JobSpec(StrictModel):
             raise combination_error(
                 "adapter.compute_dtype", f"must match efficiency.mixed_precision ({mixed!r}): autocast sets the dtype"
             )
-        target, processes = self.training.effective_batch_size, self.resources.num_processes
+        target, processes = self.training.effective_batch_size, self.world_size
         if target is not None and target % processes:
             raise combination_error(
-                "training.effective_batch_size", f"must be a multiple of resources.num_processes ({processes})"
+                "training.effective_batch_size",
+                f"must be a multiple of the world size, resources.num_nodes x num_processes ({processes})",
             )
         chosen = "per_device_train_batch_size" in self.training.auto
         if target is not None and not chosen and self.global_batch() != target:
@@ -474,7 +481,12 @@ class JobSpec(StrictModel):
     def global_batch(self) -> int:
         """Examples per optimizer step: micro-batch x gradient accumulation x processes."""
         t, e = self.training, self.efficiency
-        return t.per_device_train_batch_size * e.gradient_accumulation_steps * self.resources.num_processes
+        return t.per_device_train_batch_size * e.gradient_accumulation_steps * self.world_size
+
+    @property
+    def world_size(self) -> int:
+        """Processes the job trains on: nodes x processes per node (one device each)."""
+        return self.resources.num_nodes * self.resources.num_processes
 
     def evaluation_metrics(self) -> list[str]:
         """The values an evaluation of this run reports (trainer_core.backends.common.eval_values)."""

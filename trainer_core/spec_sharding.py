@@ -59,7 +59,7 @@ def sharding_errors(
     if sharding == "none":
         return [("efficiency.fsdp", "applies to efficiency.sharding 'fsdp' only")] if fsdp is not None else []
     rules = [
-        (world < 2, "resources.num_processes", "sharding needs 2 or more processes (resources.num_processes)"),
+        (world < 2, "resources.num_processes", "sharding needs 2 or more processes (num_nodes x num_processes)"),
         (backend != "accelerate", "training.backend", "sharding runs on the 'accelerate' backend"),
         (adapter, "adapter", "sharding trains full fine-tunes; LoRA/QLoRA under sharding is not supported yet"),
         (optimizer not in SHARDED_OPTIMIZERS, "optimizer.name",

@@ -112,6 +112,14 @@ class Checked(NamedTuple):
     auto: list[dict[str, Any]]
 
 
+# Multi-node jobs run without the service (`python -m trainer_core ... --rdzv-endpoint`); the service has no
+# gang scheduling yet, so it refuses them at submit rather than leave them queued forever.
+MULTI_NODE_REFUSAL = (
+    "the service does not schedule jobs across several machines yet; use 1, or start the run on each machine with "
+    "`python -m trainer_core SPEC --output-dir DIR --rdzv-endpoint HOST:PORT`"
+)
+
+
 def checked_spec(
     body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
 ) -> Checked:
@@ -121,6 +129,8 @@ def checked_spec(
     untrainable = untrainable_errors(spec, cuda=True)  # the worker's device is checked by the run
     if untrainable:  # estimates take these specs; the worker cannot run them yet
         raise SpecError(untrainable)
+    if spec.resources.num_nodes > 1:  # no worker of any queue can take a gang of nodes yet
+        raise SpecError([FieldError("resources.num_nodes", MULTI_NODE_REFUSAL)])
     mlflow = spec.integrations.mlflow if spec.integrations else None
     uri = mlflow.tracking_uri if mlflow else None  # the run connects there, from the worker
     if uri is not None and (problem := tracking_uri_problem(uri, allow_private=settings.allow_private_targets)):
@@ -194,7 +204,7 @@ def create_job(
         "owner": caller.owner, "name": spec.name, "queue": queue, "priority": body.priority,
         "spec": spec.model_dump(mode="json", exclude_unset=True), "estimate": estimate, "dataset_id": dataset_id,
         "created_at": now, "enqueued_at": now, "reads_all_uploads": caller.is_admin,
-        "devices": spec.resources.num_processes, "price_per_device_hour": settings.queue_prices.get(queue),
+        "devices": spec.world_size, "price_per_device_hour": settings.queue_prices.get(queue),
         "auto_choices": auto or None, "init_from_job": spec.init_from.job if spec.init_from else None,
     }  # fmt: skip
     try:

@@ -34,7 +34,9 @@ class EstimateRequest(BaseModel):
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device budget; with it the answer includes the planner's list."
     )
-    devices: int | None = Field(default=None, ge=1, le=4096, description="Default: spec.resources.num_processes.")
+    devices: int | None = Field(
+        default=None, ge=1, le=4096, description="Default: the spec's world size (resources.num_nodes x num_processes)."
+    )
     train_rows: int | None = Field(
         default=None, ge=1, le=10**12, description="Rows to train on; with it the answer includes the `time` part "
         "(steps, seconds on the queue's device, the calibration used). A submit's dry run counts them itself.",

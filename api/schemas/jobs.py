@@ -89,7 +89,7 @@ class TimeComparison(BaseModel):
 class JobUsage(BaseModel):
     """What the job is charged so far beside what was predicted (service_core/usage.py)."""
 
-    devices: int = Field(description="Devices each attempt holds (resources.num_processes).")
+    devices: int = Field(description="Devices each attempt holds (resources.num_nodes x num_processes).")
     run_seconds: float = Field(description="Seconds in `running` over every attempt, the current one included.")
     device_hours: float = Field(description="run_seconds × devices / 3600: what the job is charged.")
     price_per_device_hour: float | None = Field(description="The queue's price when the job was submitted.")

@@ -80,3 +80,27 @@ def test_liger_is_refused_at_submit_where_no_worker_trains_on_cuda(
     (on_cpu,) = liger_errors(parsed, "cpu-q", named, sessions)
     assert "queue 'cpu-q' trains on the CPU" in on_cpu.message
     assert liger_errors(parse_spec(LLM), "default", settings, sessions) == []  # only when asked for
+
+
+def test_a_sharded_spec_is_estimated_per_rank_and_a_multi_node_one_refused_at_submit(
+    client: TestClient, keys: Keys, session: Session
+) -> None:
+    full = {**LLM, "adapter": None, "training": {"backend": "accelerate"}}
+    sharded = {**full, "efficiency": {"mixed_precision": "bf16", "sharding": "fsdp"},
+               "resources": {"num_processes": 4, "num_nodes": 2}}  # fmt: skip
+    response = client.post("/v1/estimates/memory", json={"spec": sharded}, headers=keys.auth(keys.alice))
+    assert response.status_code == 200, response.text
+    body = response.json()["estimate"]
+    assert body["devices"] == 8 and body["sharding"] == "fsdp"  # the world: nodes x processes
+    assert body["total_bytes"] == estimate_memory(JobSpec.model_validate(sharded)).total_bytes
+    assert "fsdp_gathered" in [p["name"] for p in body["parts"]] and body["ddp_bucket_bytes"] == 0
+    # the service cannot place a gang of machines yet: refused, naming the field, nothing stored
+    response = client.post("/v1/jobs", json=sharded, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["errors"]
+    assert error["field"] == "resources.num_nodes" and "--rdzv-endpoint" in error["message"]
+    assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+    # a spec sharding can't run is refused at submit too, naming the field
+    response = client.post("/v1/jobs", json={**sharded, "optimizer": {"name": "adamw_8bit"}},
+                           headers=keys.auth(keys.alice))  # fmt: skip
+    assert response.status_code == 422 and [e["field"] for e in response.json()["errors"]] == ["optimizer.name"]

@@ -1,6 +1,6 @@
-"""Sharded runs (``efficiency.sharding: fsdp``, issue 28) through the run itself, under torchrun (gloo), on
-the accelerate backend. Each rank's bytes against the estimate, for every mode and world size, are
-tests/trainer_core/memory/test_sharding_agreement.py's.
+"""Sharded and multi-node runs (``efficiency.sharding: fsdp``, ``resources.num_nodes``, issue 28) through
+the run itself, under torchrun (gloo), on the accelerate backend. Each rank's bytes against the estimate,
+for every mode and world size, are tests/trainer_core/memory/test_sharding_agreement.py's.
 
 Runs of one global batch (micro-batch x processes) on different world sizes, 4 ranks x 4 rows and
 2 x 8, see the same examples in each step (a plain shuffle, no length grouping, which groups by the
@@ -10,17 +10,27 @@ batch), evaluations and weights, not their logged losses (rank 0's own rows)."""
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.trainer_core import datagen
-from tests.trainer_core.runhelpers import assert_same_weights, done_event, evaluate_saved, run, text_spec
+from tests.trainer_core.runhelpers import (
+    assert_same_weights,
+    cli_process,
+    done_event,
+    evaluate_saved,
+    finish,
+    run,
+    text_spec,
+    write_spec,
+)
 from trainer_core.checkpoint import complete_checkpoints
 from trainer_core.memory import estimate_memory
 from trainer_core.sharding import SHARDED_DIR
-from trainer_core.spec import JobSpec
+from trainer_core.spec import JobSpec, SpecError
 
 NO_DROPOUT = {"config": {**datagen.TINY_BERT, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
 
@@ -36,25 +46,35 @@ def spec_for(tmp_path: Path, sharding: str, processes: int) -> JobSpec:
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The baseline both tests compare with: DDP on one node of 2 processes, 8 rows each."""
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    status, events = run(spec_for(tmp_path, "none", 2), tmp_path / "out")
+    assert status == "succeeded", done_event(events)
+    return tmp_path / "out", events
+
+
 def norms(events: Any) -> list[float]:
     """The gradient norm of every step: the whole batch's, whichever ranks computed it."""
     return [e["values"]["grad_norm"] for e in events.of_kind("metric")]
 
 
 @pytest.mark.slow
-def test_a_sharded_run_trains_as_ddp_does_and_resumes_from_its_shards_on_fewer_ranks(tmp_path: Path) -> None:
+def test_a_sharded_run_trains_as_ddp_does_and_resumes_from_its_shards_on_fewer_ranks(
+    tmp_path: Path, ddp: tuple[Path, Any]
+) -> None:
+    ddp_dir, ddp_events = ddp
     spec = spec_for(tmp_path, "fsdp", 4)
     status, fsdp = run(spec, tmp_path / "fsdp")
     assert status == "succeeded", done_event(fsdp)
-    status, ddp = run(spec_for(tmp_path, "none", 2), tmp_path / "ddp")
-    assert status == "succeeded", done_event(ddp)
 
     # the same training: gradient norms at every step (clipped over the shards), evaluations, weights
     assert len(norms(fsdp)) == 8
-    assert norms(fsdp) == pytest.approx(norms(ddp), rel=1e-4)
+    assert norms(fsdp) == pytest.approx(norms(ddp_events), rel=1e-4)
     final = done_event(fsdp)["summary"]["eval"]
-    assert final["eval_loss"] == pytest.approx(done_event(ddp)["summary"]["eval"]["eval_loss"], rel=1e-5)
-    assert_same_weights(tmp_path / "ddp", tmp_path / "fsdp")
+    assert final["eval_loss"] == pytest.approx(done_event(ddp_events)["summary"]["eval"]["eval_loss"], rel=1e-5)
+    assert_same_weights(ddp_dir, tmp_path / "fsdp")
     # the final model is gathered whole: it loads on its own and scores what the run reported
     assert evaluate_saved(spec, tmp_path / "fsdp")["eval_accuracy"] == pytest.approx(final["eval_accuracy"])
 
@@ -63,7 +83,7 @@ def test_a_sharded_run_trains_as_ddp_does_and_resumes_from_its_shards_on_fewer_r
     estimate = estimate_memory(spec, num_labels=2)
     for part in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes"):
         assert memory["values"][part] == getattr(estimate, part), part
-    assert memory["values"]["parameter_bytes"] < ddp.of_kind("memory")[0]["values"]["parameter_bytes"] / 3
+    assert memory["values"]["parameter_bytes"] < ddp_events.of_kind("memory")[0]["values"]["parameter_bytes"] / 3
 
     # Checkpoints hold the shards. A run stopped after step 4 resumes from them on 2 ranks instead of 4
     # (the shards are re-split on load) and ends as the whole run did.
@@ -77,3 +97,35 @@ def test_a_sharded_run_trains_as_ddp_does_and_resumes_from_its_shards_on_fewer_r
     assert status == "succeeded", done_event(resumed)
     assert norms(resumed) == pytest.approx(norms(fsdp)[4:], rel=1e-4)
     assert_same_weights(tmp_path / "reference", out)
+
+
+@pytest.mark.slow
+def test_two_nodes_of_one_process_train_as_one_node_of_two(tmp_path: Path, ddp: tuple[Path, Any]) -> None:
+    """Two nodes on this machine, each ``trainjobs train`` with the same rendezvous (torchrun's c10d), run one
+    sharded job of world size 2: the node the rendezvous made rank 0 reports it, the other only how its rank
+    ended; rank 0 sees the rows it sees on one node of 2 processes, and the weights end the same."""
+    ddp_dir, ddp_events = ddp
+    single = spec_for(tmp_path, "fsdp", 2)
+    two = single.model_copy(update={"resources": single.resources.model_copy(update={"num_processes": 1,
+                                                                                      "num_nodes": 2})})
+    assert two.world_size == 2
+    spec_file = str(write_spec(two, tmp_path / "two-nodes.json"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rendezvous = ["--jsonl", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes"]
+    nodes = [cli_process(spec_file, "--output-dir", str(tmp_path / f"node{k}"), *rendezvous) for k in range(2)]
+    events = [finish(node) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0]
+    (lead,) = [k for k in range(2) if any(e["event"] == "metric" for e in events[k])]
+    other = events[1 - lead]
+    assert [e["event"] for e in other] == ["done"] and other[0]["status"] == "succeeded"
+    assert events[lead][-1]["event"] == "done" and events[lead][-1]["status"] == "succeeded"
+    lead_losses = [e["values"]["loss"] for e in events[lead] if e["event"] == "metric"]
+    assert lead_losses == pytest.approx([e["values"]["loss"] for e in ddp_events.of_kind("metric")], rel=1e-5)
+    assert_same_weights(ddp_dir, tmp_path / f"node{lead}")
+
+    # without a rendezvous a multi-node spec is refused, naming the field
+    with pytest.raises(SpecError) as refused:
+        run(two, tmp_path / "alone")
+    assert [e.field for e in refused.value.errors] == ["resources.num_nodes"]

@@ -106,7 +106,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Estimate per-device training memory of ``spec``.
 
-    ``devices`` defaults to ``spec.resources.num_processes``, the budget ``gpu_memory_gb`` (GiB) to
+    ``devices`` defaults to the world size (``spec.world_size``), the budget ``gpu_memory_gb`` (GiB) to
     ``spec.resources.gpu_memory_gb``, ``num_labels`` to the config's own (else 2): the estimator
     never reads the dataset. ``rank``: whose shards a sharded run counts (rank 0 holds the most).
     Raises :class:`~trainer_core.memory.UnknownModelError` for a model it cannot resolve,
@@ -122,7 +122,7 @@ def estimate_memory(
                 )
             ]
         )
-    n_devices = devices if devices is not None else spec.resources.num_processes
+    n_devices = devices if devices is not None else spec.world_size
     budget_gb = gpu_memory_gb if gpu_memory_gb is not None else spec.resources.gpu_memory_gb
     overhead = overhead_bytes if overhead_bytes is not None else overhead_bytes_from_env()
 

@@ -141,7 +141,7 @@ def offers_chunked_loss(spec: JobSpec, structure: ModelStructure) -> bool:
 def offers_sharding(spec: JobSpec) -> bool:
     """Whether the planner may shard: an unsharded SFT full fine-tune on several processes."""
     return (
-        spec.resources.num_processes > 1 and spec.efficiency.sharding == "none" and spec.adapter is None
+        spec.world_size > 1 and spec.efficiency.sharding == "none" and spec.adapter is None
         and not spec.is_preference and spec.efficiency.local_sgd_steps is None
     )  # fmt: skip
 
@@ -236,7 +236,7 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
     if "efficiency.sharding" in changes and new.fsdp_settings is not None:
         fsdp = new.fsdp_settings
         offload = ", shards in host memory" if fsdp.cpu_offload else ""
-        phrases.append(f"FSDP {fsdp.strategy} over {new.resources.num_processes} processes{offload}")
+        phrases.append(f"FSDP {fsdp.strategy} over {new.world_size} processes{offload}")
     if "efficiency.mixed_precision" in changes:
         mp = new.efficiency.mixed_precision
         phrases.append("fp32, no autocast" if mp == "no" else f"{mp} autocast (16-bit activations)")
