@@ -1,5 +1,7 @@
-"""Sharded training on this machine: each rank's memory, estimated against measured, and steps/s, for DDP
-and each FSDP mode, side by side in one torchrun launch per world size (gloo on the CPU).
+"""Sharded and multi-node training on this machine: each rank's memory, estimated against measured, and
+steps/s, for DDP and each FSDP mode, side by side in one torchrun launch per world size (gloo on the CPU);
+then one world of 2 as 2 nodes x 1 process (two torchrun agents meeting at a c10d rendezvous, as two
+machines would) against 1 node x 2 processes, with the time from launch to every rank training.
 
 DDP (``efficiency.sharding: none``, torch's ``DistributedDataParallel``, what a user runs without
 sharding) is the baseline. Every mode builds the model as a run does (``build_training_model``, then
@@ -7,7 +9,7 @@ sharding) is the baseline. Every mode builds the model as a run does (``build_tr
 tokens per rank after ``--warmup`` unmeasured ones, and reports its rank's parameter, gradient and
 optimizer-state bytes (the run's memory event) beside ``estimate_memory(spec, rank=r)``.
 
-    .venv/bin/python bench/bench_sharding.py [--worlds 2,4] [--steps 10] [--hidden 256] [--layers 4]
+    .venv/bin/python bench/bench_sharding.py [--worlds 2,4] [--steps 10] [--hidden 256] [--layers 4] [--no-nodes]
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +39,7 @@ MODES: dict[str, dict[str, Any]] = {
 PARTS = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes")
 
 
-def spec_doc(args: argparse.Namespace, mode: str, world: int) -> dict[str, Any]:
+def spec_doc(args: argparse.Namespace, mode: str, world: int, nodes: int = 1) -> dict[str, Any]:
     config = {
         "model_type": "llama", "vocab_size": 1000, "hidden_size": args.hidden, "num_hidden_layers": args.layers,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": args.hidden * 3 - 5,
@@ -45,7 +48,7 @@ def spec_doc(args: argparse.Namespace, mode: str, world: int) -> dict[str, Any]:
     return {
         "name": f"bench-{mode}", "task": "causal-lm", "model": {"config": config}, "dataset": {"path": "json"},
         "training": {"backend": "accelerate", "learning_rate": 1e-3, "seed": 0},
-        "efficiency": MODES[mode], "resources": {"num_processes": world},
+        "efficiency": MODES[mode], "resources": {"num_processes": world // nodes, "num_nodes": nodes},
     }  # fmt: skip
 
 
@@ -61,6 +64,7 @@ def rank_main(out: Path, specs: list[str], steps: int, warmup: int, batch: int, 
     from trainer_core.sharding import shard_model
     from trainer_core.spec import load_spec_file
 
+    launched = float(os.environ["BENCH_LAUNCHED"])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     rows = []
@@ -75,6 +79,7 @@ def rank_main(out: Path, specs: list[str], steps: int, warmup: int, batch: int, 
         g = torch.Generator().manual_seed(rank)
         values: dict[str, Any] = {}
         started = 0.0
+        first_step = 0.0
         for step in range(warmup + steps):
             if step == warmup:
                 dist.barrier()
@@ -84,12 +89,58 @@ def rank_main(out: Path, specs: list[str], steps: int, warmup: int, batch: int, 
             optimizer.step()
             if step == 0:
                 values = memory_values(model, optimizer)
+                first_step = time.time() - launched  # from the launch to this rank's first step done
             optimizer.zero_grad(set_to_none=True)
         dist.barrier()
         rate = steps / (time.perf_counter() - started)
-        rows.append({"spec": path, "rank": rank, "values": values, "steps_per_s": rate})
+        rows.append({"spec": path, "rank": rank, "values": values, "steps_per_s": rate, "first_step_s": first_step})
+        launched = time.time()  # the next spec's clock starts when this one ends
     (out / f"rank-{rank}.json").write_text(json.dumps(rows), encoding="utf-8")
     dist.destroy_process_group()
+
+
+def launch(args: argparse.Namespace, folder: Path, paths: list[str], nodes: int, per_node: int) -> list[dict[str, Any]]:
+    """torchrun on ``nodes`` agents of ``per_node`` processes (several: a c10d rendezvous on this machine);
+    every rank's rows."""
+    common = [__file__, "--rank-out", str(folder), "--steps", str(args.steps), "--warmup", str(args.warmup),
+              "--batch", str(args.batch), "--length", str(args.length), *paths]  # fmt: skip
+    # One thread a process, as torchrun sets it for several processes a node: two one-process "nodes" on
+    # one machine would each take every core and spin against each other (a cost real nodes do not pay).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_LAUNCHED": str(time.time()), "OMP_NUM_THREADS": "1"}
+    if nodes == 1:
+        where = [["--standalone"]]
+    else:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        where = [[f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                  "--rdzv-id=bench"]] * nodes  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    agents = [
+        subprocess.Popen([*torchrun, *w, f"--nproc_per_node={per_node}", *common], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for w in where
+    ]
+    for agent in agents:
+        _, err = agent.communicate()
+        if agent.returncode:
+            raise SystemExit(f"torchrun failed:\n{err[-3000:]}")
+    world = nodes * per_node
+    return [row for r in range(world) for row in json.loads((folder / f"rank-{r}.json").read_text())]
+
+
+def run_nodes(args: argparse.Namespace) -> list[tuple[str, str, float, float]]:
+    """(mode, layout, steps/s, seconds from launch to every rank's first step) for 1 x 2 and 2 x 1."""
+    out = []
+    for mode in ("ddp", "full_shard"):
+        for nodes, per_node in ((1, 2), (2, 1)):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / f"{mode}.json"
+                path.write_text(json.dumps(spec_doc(args, mode, 2, nodes)), encoding="utf-8")
+                rows = launch(args, Path(tmp), [str(path)], nodes, per_node)
+            layout = f"{nodes} node{'s' if nodes > 1 else ''} x {per_node} process{'es' if per_node > 1 else ''}"
+            out.append((mode, layout, min(r["steps_per_s"] for r in rows), max(r["first_step_s"] for r in rows)))
+    return out
 
 
 def run_world(args: argparse.Namespace, world: int) -> list[dict[str, Any]]:
@@ -103,11 +154,7 @@ def run_world(args: argparse.Namespace, world: int) -> list[dict[str, Any]]:
             path = folder / f"{mode}.json"
             path.write_text(json.dumps(spec_doc(args, mode, world)), encoding="utf-8")
             paths.append(str(path))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-               __file__, "--rank-out", str(folder), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--batch", str(args.batch), "--length", str(args.length), *paths]  # fmt: skip
-        subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        measured = [row for r in range(world) for row in json.loads((folder / f"rank-{r}.json").read_text())]
+        measured = launch(args, folder, paths, 1, world)
     out = []
     for mode in MODES:
         spec = parse_spec(spec_doc(args, mode, world))
@@ -129,6 +176,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--no-nodes", action="store_true", help="skip the 2 nodes x 1 process comparison")
     parser.add_argument("--rank-out", type=Path, help=argparse.SUPPRESS)  # the ranks' own entry
     parser.add_argument("specs", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -150,6 +198,10 @@ def main() -> None:
             print(f"| {world} | {row['mode']} | {row['rank']} | {cells} | {'yes' if exact else 'NO'} "
                   f"| {row['steps_per_s']:.2f} | {row['steps_per_s'] / ddp:.2f}x |")
     print(f"\nestimate == measured on every rank and part: {'yes' if exact_everywhere else 'NO'}")
+    if not args.no_nodes:
+        print("\n| mode | layout (world 2) | steps/s | launch to every rank's first step, s |\n|---|---|---|---|")
+        for mode, layout, rate, first in run_nodes(args):
+            print(f"| {mode} | {layout} | {rate:.2f} | {first:.1f} |")
     sys.exit(0 if exact_everywhere else 1)
 
 
