@@ -8,6 +8,9 @@ their ``config.json``, or an adapter (``adapter_model.safetensors`` and ``adapte
   LM: the backbone loads, the new head starts fresh; a head with another label count is re-initialised).
   A run with an adapter puts it on that base. This happens on every start, a resume too: an adapter
   run's own checkpoints do not hold its base.
+* **A sharded checkpoint** (``efficiency.sharding: fsdp``: ``sharded/``, no ``model.safetensors``) is read
+  whole into the model this run builds, the same architecture and head (a full fine-tune only); its
+  optimizer state, split by rank, is not taken over.
 * **An adapter** goes onto the adapter this run builds, which must have its rank and targets. Only on a
   fresh start: a resume's own checkpoint holds newer adapter weights.
 * **The optimizer state** (``resume_optimizer``), on a fresh start, when every moment has its
@@ -32,6 +35,7 @@ from trainer_core.spec_init_from import adapter_mismatch
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+SHARDED_METADATA = "sharded/.metadata"  # a sharded run's checkpoint (trainer_core/sharding.py)
 # Trainer writes optimizer.pt, Accelerate's save_state optimizer.bin: both torch.save(optimizer.state_dict()).
 OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 # The per-parameter optimizer states that have the parameter's own shape (AdamW's moments, SGD's momentum,
@@ -49,11 +53,13 @@ class InitSource:
 
     folder: Path
     adapter: dict[str, Any] | None  # the adapter's config (rank, targets) when it holds an adapter
+    sharded: bool = False  # a sharded run's checkpoint: weights read into the built model (load_sharded_weights)
 
     @property
     def full_weights(self) -> str | None:
-        """The folder to load the model from (full weights), or None (an adapter on the spec's own base)."""
-        return None if self.adapter is not None else str(self.folder)
+        """The folder to load the model from (full weights), or None (an adapter on the spec's own base, or
+        sharded weights read into the model once built)."""
+        return None if self.adapter is not None or self.sharded else str(self.folder)
 
 
 def init_source(spec: JobSpec) -> InitSource | None:
@@ -71,6 +77,13 @@ def init_source(spec: JobSpec) -> InitSource | None:
         adapter = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
         if (problem := adapter_mismatch(spec.adapter, adapter or {})) is not None:
             raise _error("path", problem)
+    elif (folder / SHARDED_METADATA).is_file():
+        if spec.adapter is not None:
+            raise _error("path", f"{folder} is a sharded run's checkpoint: it starts a full fine-tune, not an adapter")
+        if init.resume_optimizer:
+            raise _error("resume_optimizer", f"{folder} is a sharded run's checkpoint: its optimizer state is split "
+                         "by rank and goes on only by resuming that job")  # fmt: skip
+        return InitSource(folder, None, sharded=True)
     elif not any((folder / name).is_file() for name in FULL_WEIGHTS):
         raise _error("path", f"{folder} holds no model weights ({FULL_WEIGHTS[0]}) and no adapter ({ADAPTER_WEIGHTS})")
     elif (folder / "config.json").is_file():
@@ -109,6 +122,16 @@ def load_adapter(model: nn.Module, source: InitSource) -> None:
     if missing:
         raise _error("path", f"the checkpoint's adapter lacks {len(missing)} of this run's LoRA tensors ({missing[0]})")
     set_peft_model_state_dict(model, fitting)  # type: ignore[arg-type]
+
+
+def load_init_weights(model: nn.Module, source: InitSource) -> None:
+    """A sharded checkpoint's weights into the model this run built (see the module docstring)."""
+    from trainer_core.sharding import load_sharded_weights
+
+    try:
+        load_sharded_weights(source.folder, model)
+    except ValueError as exc:
+        raise _error("path", f"{source.folder} is a sharded run's checkpoint; {exc}") from exc
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, source: InitSource) -> None:

@@ -81,6 +81,21 @@ def load_sharded(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Opti
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
 
 
+def load_sharded_weights(checkpoint: Path, model: nn.Module) -> None:
+    """A sharded checkpoint's model weights, read whole into the unsharded ``model`` by this process alone
+    (``init_from``; every rank of a distributed run reads them itself). Raises ValueError when they do not
+    fit its tensors (another architecture or head)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import CheckpointException
+
+    state = model.state_dict()
+    try:
+        dcp.load({"model": state}, checkpoint_id=str(checkpoint / SHARDED_DIR), no_dist=True)
+    except (CheckpointException, RuntimeError) as exc:
+        raise ValueError(f"its weights do not fit this run's model: {str(exc)[:300]}") from exc
+    model.load_state_dict(state)
+
+
 def full_model_state(model: nn.Module) -> dict[str, Any]:
     """The whole model's weights on the CPU, gathered from every rank (collective; rank 0 gets them, the
     others an empty dict)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.trainer_core import datagen
 from tests.trainer_core.runhelpers import (
@@ -27,22 +28,25 @@ from tests.trainer_core.runhelpers import (
     text_spec,
     write_spec,
 )
+from trainer_core.backends.common import build_training_model
 from trainer_core.checkpoint import complete_checkpoints
+from trainer_core.init_from import init_source
 from trainer_core.memory import estimate_memory
+from trainer_core.modeling import MODEL_CLASSES
 from trainer_core.sharding import SHARDED_DIR
 from trainer_core.spec import JobSpec, SpecError
 
 NO_DROPOUT = {"config": {**datagen.TINY_BERT, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
 
 
-def spec_for(tmp_path: Path, sharding: str, processes: int) -> JobSpec:
+def spec_for(tmp_path: Path, sharding: str, processes: int, **sections: Any) -> JobSpec:
     # 64 rows / 16 a step: 4 steps an epoch, 8 in all; gradients clipped (max_grad_norm 1.0) every step
     training = {"num_train_epochs": 2, "per_device_train_batch_size": 16 // processes, "learning_rate": 3e-3,
                 "logging_steps": 1, "save_steps": 4, "eval_strategy": "epoch"}  # fmt: skip
     return text_spec(
         tmp_path / "data", "accelerate", n_train=64, n_val=31, model=NO_DROPOUT, training=training,
         preprocessing={"group_by_length": False},
-        efficiency={"sharding": sharding}, resources={"num_processes": processes},
+        efficiency={"sharding": sharding}, resources={"num_processes": processes}, **sections,
     )  # fmt: skip
 
 
@@ -90,6 +94,19 @@ def test_a_sharded_run_trains_as_ddp_does_and_resumes_from_its_shards_on_fewer_r
     out = tmp_path / "fsdp"
     assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-4", "checkpoint-8"]
     assert len(list((out / "checkpoint-4" / SHARDED_DIR).glob("*.distcp"))) == 4  # one file per rank
+    # Another job starts from a sharded checkpoint (init_from.path): its weights read whole into an unsharded
+    # model, here the last step's, which the final model saved whole holds too. Its optimizer state is not.
+    started = spec_for(tmp_path, "none", 1, init_from={"path": str(out / "checkpoint-8")})
+    built = build_training_model(started, ["negative", "positive"]).state_dict()
+    final = MODEL_CLASSES[spec.task].from_pretrained(str(out)).state_dict()
+    assert built.keys() == final.keys()
+    for name, tensor in final.items():
+        assert torch.equal(built[name], tensor), name
+    with pytest.raises(SpecError) as refused:
+        init_source(spec_for(tmp_path, "none", 1, init_from={"path": str(out / "checkpoint-8"),
+                                                             "resume_optimizer": True}))
+    assert [e.field for e in refused.value.errors] == ["init_from.resume_optimizer"]
+
     shutil.copytree(out, tmp_path / "reference")
     shutil.rmtree(out / "checkpoint-8")
     (out / "metrics.json").unlink()

@@ -26,7 +26,7 @@ from trainer_core.checkpoint import read_meta
 from trainer_core.data.packing import PackedCollator
 from trainer_core.early_stopping import EarlyStopper
 from trainer_core.events import EventSink, make_event
-from trainer_core.init_from import init_source, load_adapter, load_optimizer_state
+from trainer_core.init_from import init_source, load_adapter, load_init_weights, load_optimizer_state
 from trainer_core.liger import apply_liger
 from trainer_core.memory_report import memory_event
 from trainer_core.modeling import build_model
@@ -69,6 +69,8 @@ def build_training_model(spec: JobSpec, labels: list[str], *, fresh: bool = True
             load_adapter(model, source)
     else:
         model = build_model(spec.task, spec.model, labels, weights)
+        if source is not None and source.sharded:
+            load_init_weights(model, source)
         apply_liger(spec, model)
         if checkpointing:
             # Non-reentrant checkpointing works with frozen inputs and autocast; the reentrant kind does not.
