@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_core.spec import JobSpec
+from trainer_core.spec import FieldError, JobSpec, SpecError
 
 CHECKPOINT_PREFIX = "checkpoint-"
 META_FILE = "trainjobs_checkpoint.json"
@@ -53,9 +53,33 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
     return data
 
 
-def read_progress(ckpt: Path) -> TrainProgress:
+def read_progress(ckpt: Path, spec: JobSpec | None = None) -> TrainProgress:
+    """The checkpoint's position; with ``spec``, in this run's micro-batches per process.
+
+    A sharded checkpoint resumes on another number of processes (trainer_core/sharding.py), where a
+    micro-batch per process covers other rows: with the same global batch, the rows consumed are
+    rescaled to this layout. Raises SpecError when the global batch differs (the steps would not line up).
+    """
     meta = read_meta(ckpt)
-    return TrainProgress(meta["global_step"], meta["epoch"], meta["batch_in_epoch"])
+    progress = TrainProgress(meta["global_step"], meta["epoch"], meta["batch_in_epoch"])
+    try:
+        before = JobSpec.model_validate(meta["spec"]) if spec is not None else None
+    except (KeyError, ValueError):  # written by another version: its position is taken as it is
+        before = None
+    if spec is None or before is None:
+        return progress
+    rows_before = before.training.per_device_train_batch_size * before.world_size
+    rows_now = spec.training.per_device_train_batch_size * spec.world_size
+    same_steps = before.global_batch() == spec.global_batch()
+    if rows_before == rows_now and same_steps:
+        return progress
+    if not same_steps:
+        raise SpecError([FieldError(
+            "training.per_device_train_batch_size", f"the checkpoint at step {progress.global_step} was trained with "
+            f"{before.global_batch()} rows a step and this run takes {spec.global_batch()}: resuming on another number "
+            "of processes needs the same micro-batch x accumulation x processes",
+        )])  # fmt: skip
+    return TrainProgress(progress.global_step, progress.epoch, progress.batch_in_epoch * rows_before // rows_now)
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:

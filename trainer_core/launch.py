@@ -9,6 +9,7 @@ c10d rendezvous instead of ``--standalone``: ``--nnodes N --rdzv-backend c10d --
 --rdzv-id ID``, the same endpoint and id everywhere (:class:`Rendezvous`). The rendezvous decides which
 node holds rank 0, whose launcher relays the job's events; another node's launcher reports only how its
 own ranks ended.
+
 This module does not import :mod:`trainer_core.run` (which imports it), so the two form no circle.
 """
 

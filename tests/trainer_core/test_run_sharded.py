@@ -29,7 +29,7 @@ from tests.trainer_core.runhelpers import (
     write_spec,
 )
 from trainer_core.backends.common import build_training_model
-from trainer_core.checkpoint import complete_checkpoints
+from trainer_core.checkpoint import complete_checkpoints, read_progress
 from trainer_core.init_from import init_source
 from trainer_core.memory import estimate_memory
 from trainer_core.modeling import MODEL_CLASSES
@@ -42,7 +42,7 @@ NO_DROPOUT = {"config": {**datagen.TINY_BERT, "hidden_dropout_prob": 0.0, "atten
 def spec_for(tmp_path: Path, sharding: str, processes: int, **sections: Any) -> JobSpec:
     # 64 rows / 16 a step: 4 steps an epoch, 8 in all; gradients clipped (max_grad_norm 1.0) every step
     training = {"num_train_epochs": 2, "per_device_train_batch_size": 16 // processes, "learning_rate": 3e-3,
-                "logging_steps": 1, "save_steps": 4, "eval_strategy": "epoch"}  # fmt: skip
+                "logging_steps": 1, "save_steps": 2, "eval_strategy": "epoch"}  # fmt: skip
     return text_spec(
         tmp_path / "data", "accelerate", n_train=64, n_val=31, model=NO_DROPOUT, training=training,
         preprocessing={"group_by_length": False},
@@ -89,11 +89,13 @@ def test_a_sharded_run_trains_as_ddp_does_and_resumes_from_its_shards_on_fewer_r
         assert memory["values"][part] == getattr(estimate, part), part
     assert memory["values"]["parameter_bytes"] < ddp_events.of_kind("memory")[0]["values"]["parameter_bytes"] / 3
 
-    # Checkpoints hold the shards. A run stopped after step 4 resumes from them on 2 ranks instead of 4
-    # (the shards are re-split on load) and ends as the whole run did.
+    # Checkpoints hold the shards. A run stopped after step 2, mid-epoch, resumes from them on 2 ranks
+    # instead of 4 (the shards are re-split on load, its place in the epoch counted in this layout's
+    # micro-batches) and ends as the whole run did, accumulating gradients over two micro-batches a step
+    # where the whole run took one.
     out = tmp_path / "fsdp"
-    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-4", "checkpoint-8"]
-    assert len(list((out / "checkpoint-4" / SHARDED_DIR).glob("*.distcp"))) == 4  # one file per rank
+    assert [p.name for p in complete_checkpoints(out)] == [f"checkpoint-{step}" for step in (2, 4, 6, 8)]
+    assert len(list((out / "checkpoint-2" / SHARDED_DIR).glob("*.distcp"))) == 4  # one file per rank
     # Another job starts from a sharded checkpoint (init_from.path): its weights read whole into an unsharded
     # model, here the last step's, which the final model saved whole holds too. Its optimizer state is not.
     started = spec_for(tmp_path, "none", 1, init_from={"path": str(out / "checkpoint-8")})
@@ -108,11 +110,23 @@ def test_a_sharded_run_trains_as_ddp_does_and_resumes_from_its_shards_on_fewer_r
     assert [e.field for e in refused.value.errors] == ["init_from.resume_optimizer"]
 
     shutil.copytree(out, tmp_path / "reference")
-    shutil.rmtree(out / "checkpoint-8")
+    for step in (4, 6, 8):
+        shutil.rmtree(out / f"checkpoint-{step}")
     (out / "metrics.json").unlink()
-    status, resumed = run(spec_for(tmp_path, "fsdp", 2), out, resume=True)
+    # on 2 ranks of 4 rows with 2 accumulation steps: the same 16 rows a step, the optimizer stepping once
+    fewer = spec_for(tmp_path, "fsdp", 2)
+    fewer = fewer.model_copy(update={
+        "training": fewer.training.model_copy(update={"per_device_train_batch_size": 4}),
+        "efficiency": fewer.efficiency.model_copy(update={"gradient_accumulation_steps": 2}),
+    })  # fmt: skip
+    status, resumed = run(fewer, out, resume=True)
     assert status == "succeeded", done_event(resumed)
-    assert norms(resumed) == pytest.approx(norms(fsdp)[4:], rel=1e-4)
+    assert norms(resumed) == pytest.approx(norms(fsdp)[2:], rel=1e-4)
+    # another global batch would not line up with the checkpoint's steps: refused, naming the field
+    bigger = fewer.model_copy(update={"training": fewer.training.model_copy(update={"per_device_train_batch_size": 8})})
+    with pytest.raises(SpecError) as refused:
+        read_progress(tmp_path / "reference" / "checkpoint-2", bigger)
+    assert [e.field for e in refused.value.errors] == ["training.per_device_train_batch_size"]
     assert_same_weights(tmp_path / "reference", out)
 
 

@@ -199,8 +199,8 @@ def _load_checkpoint(accelerator: Accelerator, ctx: RunContext, model: nn.Module
     """Where training starts: the checkpoint's step, epoch and batch, or the very beginning."""
     if ctx.resume_from is None:
         return TrainProgress(0, 0, 0)
+    start = read_progress(ctx.resume_from, ctx.spec)  # before loading: a layout it cannot go on with is refused
     _load_state(accelerator, ctx, ctx.resume_from, model, optimizer)
-    start = read_progress(ctx.resume_from)
     logger.info("resuming from %s at step %d", ctx.resume_from, start.global_step)
     return start
 
