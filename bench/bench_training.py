@@ -1,8 +1,8 @@
 """Training speed: trainjobs' two backends against the Trainer script an experienced user writes.
 
-One run trains the same model (the packaged pretrained MiniLM) on the same generated review text with
-the same model, data, batch, learning rate, precision and epochs four ways and prints samples/s, final
-accuracy, and each run's ratio to the tuned script (goal: both trainjobs backends >= 1.0x):
+One run trains the same model (the packaged pretrained MiniLM) on the same generated text with the same
+model, data, batch, learning rate, precision and epochs four ways and prints samples/s, final accuracy,
+and each run's ratio to the tuned script (goal: both trainjobs backends >= 1.0x), one table per data set:
 
 - the *tutorial* script: ``padding="max_length"`` at tokenization, Trainer defaults;
 - the *tuned* script: no padding at tokenization, ``DataCollatorWithPadding`` and ``group_by_length=True``
@@ -14,11 +14,16 @@ milliseconds of data loading, forward, backward, optimizer (step, zero_grad, cli
 writes and everything else the loop does, printed as a second table (CPU time counts only this
 process's own work, so it stays readable on a busy machine) and written to ``--breakdown-json``.
 
-The text has realistic, varied lengths: log-normal word counts with a median of about 20 words and a
-long tail (a few reviews over 200 words), generated deterministically; ``max_length`` 256.
+Two classification sets, each with realistic, varied lengths (log-normal word counts), generated
+deterministically; ``max_length`` 256. ``--dataset`` picks one or both (the default):
 
-    .venv/bin/python bench/bench_training.py [--train 640] [--epochs 1] [--max-length 256] [--repeats 2]
-        [--breakdown-json FILE]
+- ``reviews``: 2 labels (positive / negative film reviews), median about 20 words, sigma 1.0: a long tail
+  (a few reviews over 200 words). The set trainjobs' batching was tuned on.
+- ``topics``: 4 labels (world / sports / business / science news), its own vocabulary and seed, median
+  about 40 words, sigma 0.6: longer texts, a narrower spread. A set it was not tuned on.
+
+    .venv/bin/python bench/bench_training.py [--dataset reviews|topics|both] [--train 640] [--epochs 1]
+        [--max-length 256] [--repeats 2] [--breakdown-json FILE]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,33 +53,83 @@ TUTORIAL = "tutorial Trainer (pad to max_length)"
 TUNED = "tuned Trainer (dyn. padding + group_by_length)"
 BACKENDS = {"trainjobs trainer": "trainer", "trainjobs accelerate": "accelerate"}
 GOAL = 1.0  # each backend's samples/s over the tuned script's
+Rows = dict[str, list[tuple[str, str]]]  # split -> (text, label) rows
 WORDS = ["the", "plot", "acting", "music", "scenes", "story", "cast", "ending", "camera", "dialogue",
          "pacing", "characters", "was", "felt", "really", "quite", "and", "but", "also", "overall"]
 POSITIVE = ["wonderful", "great", "excellent", "delightful", "superb", "moving", "brilliant", "charming"]
 NEGATIVE = ["terrible", "awful", "boring", "dreadful", "clumsy", "tedious", "painful", "dull"]
+NEWS_WORDS = ["the", "a", "on", "in", "of", "to", "said", "officials", "report", "week", "new", "after",
+              "year", "people", "statement", "announced", "according", "first", "more", "since", "while",
+              "local", "group", "plans", "expected", "monday", "latest", "percent"]
+TOPICS = {
+    "world": ["minister", "election", "border", "embassy", "treaty", "parliament", "refugees", "summit"],
+    "sports": ["match", "coach", "season", "tournament", "striker", "championship", "stadium", "league"],
+    "business": ["shares", "profit", "merger", "investors", "earnings", "market", "quarterly", "revenue"],
+    "science": ["researchers", "study", "telescope", "genome", "species", "laboratory", "physics", "vaccine"],
+}  # fmt: skip
+
+
+def lognormal_lengths(n: int, median: float, sigma: float, seed: int) -> list[int]:
+    """``n`` word counts, log-normal with this median and sigma, from 3 to 400."""
+    rng = random.Random(seed)
+    return [max(3, min(400, round(rng.lognormvariate(math.log(median), sigma)))) for _ in range(n)]
 
 
 def review_lengths(n: int, seed: int = 0) -> list[int]:
     """Word counts: log-normal with median 20 and sigma 1.0 (about 1% over 200 words), capped at 400."""
-    rng = random.Random(seed)
-    return [max(3, min(400, round(rng.lognormvariate(math.log(20), 1.0)))) for _ in range(n)]
+    return lognormal_lengths(n, 20, 1.0, seed)
 
 
-def write_data(root: Path, n_train: int, n_val: int, seed: int = 0) -> dict[str, str]:
-    """``train.csv`` and ``validation.csv`` of reviews with varied lengths; returns the data_files mapping."""
+def with_cues(rng: random.Random, filler: list[str], cues: list[str], length: int, every: int) -> str:
+    """``length`` filler words with one cue word per ``every`` (at least one) spread through them."""
+    words = [rng.choice(filler) for _ in range(length)]
+    for _ in range(max(1, length // every)):
+        words.insert(rng.randrange(len(words) + 1), rng.choice(cues))
+    return " ".join(words)
+
+
+def reviews(n_train: int, n_val: int, seed: int = 0) -> Rows:
+    """Film reviews, positive / negative alternating: median ~20 words, sigma 1.0 (a long tail)."""
     rng = random.Random(seed)
-    files = {}
+    rows: Rows = {}
     for split, n in (("train", n_train), ("validation", n_val)):
+        lengths = review_lengths(n, seed=seed + (split == "validation"))
+        labels = ["positive" if i % 2 == 0 else "negative" for i in range(n)]
+        rows[split] = [(with_cues(rng, WORDS, POSITIVE if label == "positive" else NEGATIVE, length, 15), label)
+                       for length, label in zip(lengths, labels, strict=True)]  # fmt: skip
+    return rows
+
+
+def topics(n_train: int, n_val: int, seed: int = 4242) -> Rows:
+    """News items on 4 topics in turn, their own vocabulary: median ~40 words, sigma 0.6 (a narrower spread)."""
+    rng = random.Random(seed)
+    names = list(TOPICS)
+    rows: Rows = {}
+    for split, n in (("train", n_train), ("validation", n_val)):
+        lengths = lognormal_lengths(n, 40, 0.6, seed=seed + (split == "validation"))
+        rows[split] = [(with_cues(rng, NEWS_WORDS, TOPICS[names[i % 4]], length, 12), names[i % 4])
+                       for i, length in enumerate(lengths)]  # fmt: skip
+    return rows
+
+
+@dataclass(frozen=True)
+class DataSet:
+    generate: Callable[[int, int], Rows]
+    noun: str  # what one row is, for the printed summary
+
+
+DATASETS = {"reviews": DataSet(reviews, "review"), "topics": DataSet(topics, "news item")}
+
+
+def write_data(root: Path, n_train: int, n_val: int, dataset: str = "reviews") -> dict[str, str]:
+    """``train.csv`` and ``validation.csv`` of one generated set under ``root``; returns the data_files mapping."""
+    files = {}
+    for split, rows in DATASETS[dataset].generate(n_train, n_val).items():
         path = root / f"{split}.csv"
         with path.open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
             writer.writerow(["text", "label"])
-            for i, length in enumerate(review_lengths(n, seed=seed + (split == "validation"))):
-                positive = i % 2 == 0
-                words = [rng.choice(WORDS) for _ in range(length)]
-                for _ in range(max(1, length // 15)):  # sentiment words spread through the text
-                    words.insert(rng.randrange(len(words) + 1), rng.choice(POSITIVE if positive else NEGATIVE))
-                writer.writerow([" ".join(words), "positive" if positive else "negative"])
+            writer.writerows(rows)
         files[split] = str(path)
     return files
 
@@ -121,7 +177,7 @@ def run_hf_trainer(files: dict[str, str], model_path: str, args: argparse.Namesp
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     raw = load_dataset("csv", data_files=files)
-    label2id = {"negative": 0, "positive": 1}
+    label2id = {label: i for i, label in enumerate(sorted(set(raw["train"]["label"])))}
 
     def encode(batch: dict[str, Any]) -> dict[str, Any]:
         if tuned:  # no padding here; "length" lets group_by_length skip a pass over the data
@@ -133,7 +189,7 @@ def run_hf_trainer(files: dict[str, str], model_path: str, args: argparse.Namesp
 
     data = raw.map(encode, batched=True, remove_columns=["text", "label"])
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_path, num_labels=2, label2id=label2id, id2label={v: k for k, v in label2id.items()}
+        model_path, num_labels=len(label2id), label2id=label2id, id2label={v: k for k, v in label2id.items()}
     )
 
     def accuracy(pred: Any) -> dict[str, float]:
@@ -163,20 +219,22 @@ def model_class(model_path: str) -> type:
     return cls
 
 
-def compare(model: str, args: argparse.Namespace, root: Path) -> dict[str, dict]:
-    """Every variant ``args.repeats`` times; each variant's fastest run, keyed by its name."""
-    files = write_data(root, args.train, args.val)
+def compare(model: str, args: argparse.Namespace, root: Path, dataset: str = "reviews") -> dict[str, dict]:
+    """Every variant ``args.repeats`` times on one data set; each variant's fastest run, keyed by its name."""
+    files = write_data(root, args.train, args.val, dataset)
     runners: dict[str, Callable[[Path], dict]] = {
         TUTORIAL: lambda out: run_hf_trainer(files, model, args, out, tuned=False),
         TUNED: lambda out: run_hf_trainer(files, model, args, out, tuned=True),
         **{name: (lambda out, b=backend: run_trainjobs(b, files, model, args, out))
            for name, backend in BACKENDS.items()},
     }  # fmt: skip
-    # Other work on a shared machine slows whichever run it overlaps: alternate the order
-    # (A B C D, D C B A, ...) and keep each variant's fastest run.
+    # Other work on a shared machine slows whichever run it overlaps: rotate the order (A B C D,
+    # B C D A, ...: a variant's runs are never back to back, so one burst of load cannot hit both) and
+    # keep each variant's fastest run.
     results: dict[str, dict] = {}
+    names = list(runners)
     for repeat in range(args.repeats):
-        order = list(runners) if repeat % 2 == 0 else list(reversed(runners))
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
         for i, name in enumerate(order):
             started = time.perf_counter()
             with StepBreakdown(model_class(model)) as parts:
@@ -204,6 +262,7 @@ def goal_rows(results: dict[str, dict]) -> list[dict[str, Any]]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--dataset", choices=[*DATASETS, "both"], default="both", help="which generated set(s)")
     p.add_argument("--train", type=int, default=640)
     p.add_argument("--val", type=int, default=200)
     p.add_argument("--epochs", type=float, default=1.0)
@@ -226,26 +285,35 @@ def main() -> None:
     import torch
 
     args = parser().parse_args()
-    started = time.perf_counter()
+    datasets = list(DATASETS) if args.dataset == "both" else [args.dataset]
+    setting = (f"MiniLM-L6, {args.train} train / {args.val} val, batch {args.batch}, {args.epochs:g} epoch(s), "
+               f"max_length {args.max_length}, precision {args.precision}, "
+               f"{'cuda' if torch.cuda.is_available() else 'cpu'}, torch threads {torch.get_num_threads()}")
+    results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        results = compare(minilm_path(), args, Path(tmp))
-    wall = time.perf_counter() - started
-    lengths = review_lengths(args.train)
-    print(f"\nMiniLM-L6, {args.train} train / {args.val} val, batch {args.batch}, {args.epochs:g} epoch(s), "
-          f"max_length {args.max_length}, precision {args.precision}, "
-          f"{'cuda' if torch.cuda.is_available() else 'cpu'}, torch threads {torch.get_num_threads()}")
-    print(f"words per review: median {statistics.median(lengths):g}, p90 {sorted(lengths)[len(lengths) * 9 // 10]}, "
-          f"max {max(lengths)}, {sum(n > 200 for n in lengths)} over 200")
+        for dataset in datasets:  # each set's tables as soon as its runs end
+            started = time.perf_counter()
+            (Path(tmp) / dataset).mkdir()
+            results[dataset] = compare(minilm_path(), args, Path(tmp) / dataset, dataset)
+            print(f"\n== data set {dataset}: {setting}")
+            print_goal_table(dataset, results[dataset], args, time.perf_counter() - started)
+            print_breakdown(results[dataset])
+    if args.breakdown_json is not None:
+        args.breakdown_json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                   "results": results}, indent=2))  # fmt: skip
+
+
+def print_goal_table(dataset: str, results: dict[str, dict], args: argparse.Namespace, wall: float) -> None:
+    """The set's lengths (words of the generated training text), then one row per variant against the goal."""
+    lengths = sorted(len(text.split()) for text, _ in DATASETS[dataset].generate(args.train, args.val)["train"])
+    print(f"words per {DATASETS[dataset].noun}: median {statistics.median(lengths):g}, "
+          f"p90 {lengths[len(lengths) * 9 // 10]}, max {max(lengths)}, {sum(n > 200 for n in lengths)} over 200")
     print(f"{'run':48} {'samples/s':>10} {'accuracy':>9} {'vs tuned':>9} {'vs tutorial':>12} {'wall s':>7}  "
           f"goal >= {GOAL:.1f}x tuned")
     for row in goal_rows(results):
         print(f"{row['name']:48} {row['samples_per_s']:10.1f} {row['accuracy']:9.3f} {row['vs_tuned']:8.2f}x "
               f"{row['vs_tutorial']:11.2f}x {row['wall_s']:7.1f}  {row['status']}")
-    print(f"(best of {args.repeats} runs each; total wall time {wall:.0f} s)")
-    print_breakdown(results)
-    if args.breakdown_json is not None:
-        args.breakdown_json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                   "results": results}, indent=2))  # fmt: skip
+    print(f"(best of {args.repeats} runs each; wall time for this set {wall:.0f} s)")
 
 
 def print_breakdown(results: dict[str, dict]) -> None:
