@@ -47,11 +47,13 @@ HEAVY_UNITS: dict[str, int] = {
     "tests/bench/test_chaos_short.py": 160,
     "tests/trainjobs/test_dev_launcher.py": 140,
     "tests/trainer_core/test_run_distributed.py": 130,
+    "tests/trainer_core/test_run_sharded.py": 120,
     "tests/worker/test_running_cap_live.py": 115,
     "tests/ui/": 110,
     "tests/trainer_core/test_run_resume.py": 100,
     "tests/worker/test_oom_retry.py": 90,
     "tests/worker/test_forkserver.py": 75,
+    "tests/trainer_core/memory/test_sharding_agreement.py": 70,
 }
 
 
