@@ -98,13 +98,15 @@ def wait_ready(process: subprocess.Popen[bytes], url: str) -> None:
     assert process.poll() is None, f"exited with {process.returncode}"
 
 
-def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, log: Path | None = None) -> int:
     os.killpg(process.pid, sig)
     try:
         return process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        raise
+        process.wait()
+        tail = log.read_text(errors="replace")[-4000:] if log is not None and log.is_file() else "(no log)"
+        raise AssertionError(f"still running 60 s after signal {sig}; its log ends:\n{tail}") from None
 
 
 def migrate_then_serve(venv: Path, env: dict[str, str], cwd: Path, shown_url: str, missing: str) -> None:
@@ -175,7 +177,7 @@ def test_dev_example_in_an_empty_folder(venv: Path, tmp_path: Path) -> None:
         wait_ready(dev, f"http://127.0.0.1:{port}")
         spec = (tmp_path / "var" / "example-job.json").read_text()
     finally:
-        assert stop(dev, signal.SIGINT) == 0, log.read_text()[-3000:]
+        assert stop(dev, signal.SIGINT, log) == 0, log.read_text()[-3000:]
     # No packaged MiniLM in a [server] install: the example names the model on the hub.
     assert '"name_or_path": "sentence-transformers/all-MiniLM-L6-v2"' in spec
     assert str(tmp_path / "var" / "data" / "examples") in spec
