@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -102,19 +101,16 @@ def rank_main(out: Path, specs: list[str], steps: int, warmup: int, batch: int, 
 def launch(args: argparse.Namespace, folder: Path, paths: list[str], nodes: int, per_node: int) -> list[dict[str, Any]]:
     """torchrun on ``nodes`` agents of ``per_node`` processes (several: a c10d rendezvous on this machine);
     every rank's rows."""
+    from trainer_core.launch import Rendezvous
+    from trainjobs.seaweedfs import free_port
+
     common = [__file__, "--rank-out", str(folder), "--steps", str(args.steps), "--warmup", str(args.warmup),
               "--batch", str(args.batch), "--length", str(args.length), *paths]  # fmt: skip
     # One thread a process, as torchrun sets it for several processes a node: two one-process "nodes" on
     # one machine would each take every core and spin against each other (a cost real nodes do not pay).
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_LAUNCHED": str(time.time()), "OMP_NUM_THREADS": "1"}
-    if nodes == 1:
-        where = [["--standalone"]]
-    else:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        where = [[f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                  "--rdzv-id=bench"]] * nodes  # fmt: skip
+    # several nodes: the engine's own rendezvous arguments (trainer_core/launch.py), one agent each
+    where = [["--standalone"]] if nodes == 1 else [Rendezvous(f"127.0.0.1:{free_port()}", "bench").args(nodes)] * nodes
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     agents = [
         subprocess.Popen([*torchrun, *w, f"--nproc_per_node={per_node}", *common], env=env,

@@ -10,7 +10,6 @@ batch), evaluations and weights, not their logged losses (rank 0's own rows)."""
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from tests.trainer_core.runhelpers import (
     text_spec,
     write_spec,
 )
+from tests.worker.live import free_port
 from trainer_core.backends.common import build_training_model
 from trainer_core.checkpoint import complete_checkpoints, read_progress
 from trainer_core.init_from import init_source
@@ -141,10 +141,7 @@ def test_two_nodes_of_one_process_train_as_one_node_of_two(tmp_path: Path, ddp: 
                                                                                       "num_nodes": 2})})
     assert two.world_size == 2
     spec_file = str(write_spec(two, tmp_path / "two-nodes.json"))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    rendezvous = ["--jsonl", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes"]
+    rendezvous = ["--jsonl", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-nodes"]
     nodes = [cli_process(spec_file, "--output-dir", str(tmp_path / f"node{k}"), *rendezvous) for k in range(2)]
     events = [finish(node) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0]

@@ -146,18 +146,6 @@ def offers_sharding(spec: JobSpec) -> bool:
     )  # fmt: skip
 
 
-def _valid(spec: JobSpec, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The candidates the spec's rules accept (sharding takes fewer optimizers and precisions)."""
-    kept = []
-    for changes in candidates:
-        try:
-            apply_changes(spec, changes)
-        except SpecError:
-            continue
-        kept.append(changes)
-    return kept
-
-
 def _candidates(
     spec: JobSpec,
     checkpointing_ok: bool,
@@ -256,7 +244,9 @@ def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = No
     # settings; any other job only when none of them fits.
     widen = not entries or (spec.is_preference and estimate_memory(spec, devices=devices).total_bytes > budget)
     for fixed in SHARDING_TIERS if widen and offers_sharding(spec) else ():
-        sharded = _scored(spec, _valid(spec, _candidates(spec, ckpt_ok, fixed=fixed, chunked_ok=chunked_ok)), devices)
+        # sharding takes fewer optimizers and precisions: the candidates its rules refuse are left out
+        candidates = _candidates(spec, ckpt_ok, fixed=fixed, chunked_ok=chunked_ok)
+        sharded = _scored(spec, candidates, devices, skip_refused=True)
         scored += sharded
         entries += _fitting(spec, sharded, budget, lambda new: "one per sharding mode")
     if widen and scores_reference(spec):
@@ -279,11 +269,19 @@ def _optimizer_and_precision(new: JobSpec) -> Hashable:
     return (new.optimizer.name, new.efficiency.mixed_precision)
 
 
-def _scored(spec: JobSpec, candidates: list[dict[str, Any]], devices: int | None) -> list[Scored]:
-    """Each candidate with its speed key, validated spec and estimated total, fastest first."""
+def _scored(
+    spec: JobSpec, candidates: list[dict[str, Any]], devices: int | None, *, skip_refused: bool = False
+) -> list[Scored]:
+    """Each candidate with its speed key, validated spec and estimated total, fastest first;
+    ``skip_refused``: leave out a candidate the spec's rules refuse (else its SpecError propagates)."""
     out: list[Scored] = []
     for changes in candidates:
-        new = apply_changes(spec, changes) if changes else spec
+        try:
+            new = apply_changes(spec, changes) if changes else spec
+        except SpecError:
+            if not skip_refused:
+                raise
+            continue
         out.append((_speed_key(spec, new, changes), changes, new, estimate_memory(new, devices=devices).total_bytes))
     return sorted(out, key=lambda item: item[0])
 

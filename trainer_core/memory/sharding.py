@@ -90,24 +90,24 @@ def sharded_layout(structure: ModelStructure, spec: JobSpec, world: int, rank: i
     settings = spec.fsdp_settings
     assert settings is not None, "sharded_layout needs efficiency.sharding: fsdp"
     tensors = structure.tensors
-    padded = [padded_shard_numel(t, world) * t.itemsize for t in tensors]
-    gathered = 2 if spec.efficiency.mixed_precision == "bf16" else FP32
-    per_unit: dict[str, int] = {}
-    grads_per_unit: dict[str, int] = {}
+    shard_bytes = 0
+    unit_numel: dict[str, int] = {}  # each unit's elements gathered whole (padded shards x world)
     for t in tensors:
+        shard = padded_shard_numel(t, world)
+        shard_bytes += shard * t.itemsize
         unit = unit_of(t.name, structure.units)
-        whole = padded_shard_numel(t, world) * world
-        per_unit[unit] = per_unit.get(unit, 0) + whole * gathered
-        grads_per_unit[unit] = grads_per_unit.get(unit, 0) + whole * FP32
-    root = per_unit.pop("", 0)
-    blocks = sorted(per_unit.values(), reverse=True)
+        unit_numel[unit] = unit_numel.get(unit, 0) + shard * world
+    gathered = 2 if spec.efficiency.mixed_precision == "bf16" else FP32
+    largest_grads = max(unit_numel.values(), default=0) * FP32  # the root's too: a unit's fp32 gradients
+    root = unit_numel.pop("", 0)
+    blocks = sorted(unit_numel.values(), reverse=True)
     held = sum(blocks[:2]) if settings.strategy == "full_shard" else sum(blocks)
     formula = GATHER_FULL if settings.strategy == "full_shard" else GATHER_SGO
     return ShardedLayout(
-        parameter_bytes=sum(padded),
-        gradient_bytes=sum(padded),
+        parameter_bytes=shard_bytes,
+        gradient_bytes=shard_bytes,
         local=tuple(local_shard(t, world, rank) for t in tensors),
-        gather_bytes=root + held + max(grads_per_unit.values(), default=0),
+        gather_bytes=(root + held) * gathered + largest_grads,
         gather_formula=formula,
         offloaded=settings.cpu_offload,
     )
