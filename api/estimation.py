@@ -100,6 +100,29 @@ def liger_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessio
     return [liger_refusal(where)]
 
 
+def multi_node_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessionmaker[Session]
+                      ) -> list[FieldError]:  # fmt: skip
+    """What keeps a job of several nodes (worker/gang.py) from running on ``queue``: fewer live workers
+    than nodes (a gang takes one slot on each of N workers), or sharding, whose checkpoints would be
+    split across the nodes' disks and could not be resumed from the object store."""
+    nodes = spec.resources.num_nodes
+    if nodes <= 1:
+        return []
+    if spec.efficiency.sharding != "none":
+        return [FieldError("efficiency.sharding", "the service runs sharded jobs on one node (resources.num_nodes: "
+                           "1, several processes): a multi-node sharded checkpoint would be split across the nodes' "
+                           "disks; use 'none' for a job of several nodes")]  # fmt: skip
+    live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
+    with sessions() as session:
+        served = session.execute(select(WorkerHeartbeat.queues).where(WorkerHeartbeat.heartbeat_at >= live_after))
+        workers = sum(1 for (queues,) in served if queue in (queues or []))
+    if workers >= nodes:
+        return []
+    return [FieldError("resources.num_nodes", f"a job of {nodes} nodes takes a slot on each of {nodes} workers of "
+                       f"queue {queue!r}, which has {workers} live; start `trainjobs worker --queue {queue}` on "
+                       f"{nodes} machines, or use fewer nodes")]  # fmt: skip
+
+
 def resolve_auto_for_submit(
     spec: JobSpec, here: JobSpec, queue: str, train_rows: int | None, settings: Settings,
     sessions: sessionmaker[Session],

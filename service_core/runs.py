@@ -13,3 +13,8 @@ RUN_LOG_NAME = "worker.log"
 def run_work_dir(home: Path, job_id: str) -> Path:
     """``<home>/runs/<job_id>``: the run's spec, pid file, stop file and log."""
     return (home / "runs" / job_id).resolve()
+
+
+def node_log_name(node: int) -> str:
+    """Node ``node``'s run log of a multi-node job (worker/gang.py), stored beside :data:`RUN_LOG_NAME`."""
+    return f"node-{node}.log"

@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     lease_renew_seconds: float = Field(default=10.0, gt=0, validation_alias="TRAINJOBS_LEASE_RENEW_SECONDS")
     sweep_seconds: float = Field(default=30.0, gt=0, validation_alias="TRAINJOBS_SWEEP_SECONDS")
     redeliver_after_seconds: float = Field(default=60.0, gt=0, validation_alias="TRAINJOBS_REDELIVER_AFTER_SECONDS")
+    # Multi-node jobs (worker/gang.py): how long the slots that joined a gang wait for the rest before
+    # they let go (the job stays queued, its waiting reason says why), and the address this host's
+    # nodes are reached at by the others (unset: the address this host reaches the database from).
+    gang_wait_seconds: float = Field(default=120.0, gt=0, validation_alias="TRAINJOBS_GANG_WAIT_SECONDS")
+    advertise_host: str | None = Field(default=None, validation_alias="TRAINJOBS_ADVERTISE_HOST")
+    # The ports node 0 picks its rendezvous port from ("29400-29499"; unset: any free port), for a firewall.
+    rendezvous_ports: str | None = Field(
+        default=None, pattern=r"^\d{1,5}-\d{1,5}$", validation_alias="TRAINJOBS_RENDEZVOUS_PORTS"
+    )
     # Testing aid and private deployments only: lifts the public-address rule (trainer_core/net_guard.py)
     # for webhook URLs and for tracker URIs named in specs, so a receiver or an MLflow server on this
     # machine or a private network can be reached. Off unless set.

@@ -40,7 +40,7 @@ LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's sessio
 HEAVY_UNITS: dict[str, int] = {
     "tests/bench/test_gpu_check_smoke.py": 60,
     "tests/trainjobs live service": 250,
-    "tests/fleet/": 220,
+    "tests/fleet/": 340,
     "tests/worker/test_lease_live.py": 200,
     "tests/worker/test_service_e2e.py": 180,
     "tests/worker/test_restarts_and_outages.py": 170,

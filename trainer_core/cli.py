@@ -77,6 +77,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a job of several nodes (resources.num_nodes): where they meet, the same on each; "
                         "the first node to start hosts it")  # fmt: skip
     parser.add_argument("--rdzv-id", help="the multi-node run's id, the same on each node (default: the spec's name)")
+    parser.add_argument("--rdzv-local-addr", metavar="ADDR",
+                        help="the address the other nodes reach this one at (default: its host name)")
+    parser.add_argument("--rdzv-host", action=argparse.BooleanOptionalAction, default=None,
+                        help="this node serves the rendezvous store (default: the node whose address the endpoint "
+                        "names)")
     add_reach_arguments(parser)
 
 
@@ -84,7 +89,8 @@ def rendezvous_from(args: argparse.Namespace, name: str) -> Rendezvous | None:
     """The ``--rdzv-*`` arguments (None: a job on this machine alone)."""
     if not args.rdzv_endpoint:
         return None
-    return Rendezvous(args.rdzv_endpoint, args.rdzv_id or name)
+    return Rendezvous(args.rdzv_endpoint, args.rdzv_id or name, local_addr=args.rdzv_local_addr,
+                      is_host=args.rdzv_host)
 
 
 def run_train(args: argparse.Namespace) -> int:

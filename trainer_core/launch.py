@@ -31,17 +31,33 @@ from trainer_core.spec import FieldError, JobSpec, SpecError
 logger = logging.getLogger(__name__)
 
 
+# The ``done`` summary key of a node without rank 0: its ranks finished, the job's end is another node's.
+OTHER_NODE = "node"
+
+
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where the nodes of a multi-node run meet: torchrun's c10d store at ``endpoint`` (``HOST:PORT``,
-    hosted by the first node to arrive there), for the run ``run_id`` (the same on every node)."""
+    """Where the nodes of a multi-node run meet: torchrun's c10d store at ``endpoint`` (``HOST:PORT``),
+    for the run ``run_id`` (the same on every node).
+
+    ``is_host``: whether this node serves the store (None: torchrun guesses, by matching the endpoint
+    against this machine's host name and addresses, which fails where the host name does not resolve).
+    ``local_addr``: the address the other nodes reach this one at (None: its fully qualified host name).
+    """
 
     endpoint: str
     run_id: str
+    local_addr: str | None = None
+    is_host: bool | None = None
 
     def args(self, nodes: int) -> list[str]:
-        return [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}",
+        args = [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}",
                 f"--rdzv-id={self.run_id}"]  # fmt: skip
+        if self.is_host is not None:
+            args.append(f"--rdzv-conf=is_host={int(self.is_host)}")
+        if self.local_addr is not None:
+            args.append(f"--local-addr={self.local_addr}")
+        return args
 
 
 def torchrun_command(
@@ -50,7 +66,9 @@ def torchrun_command(
 ) -> list[str]:
     """The torchrun command line for one job's processes on this node (one node: ``--standalone``, a free
     local rendezvous port; several: ``rendezvous``)."""
-    where = ["--standalone"] if rendezvous is None else rendezvous.args(nodes)
+    # One node: its processes meet on the loopback (by default torchrun publishes the host name, which
+    # a machine that cannot resolve its own name, a container or a fresh VM, never reaches).
+    where = ["--standalone", "--local-addr=127.0.0.1"] if rendezvous is None else rendezvous.args(nodes)
     cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
            "-m", "trainer_core.rank_entry", str(spec_path), "--output-dir", str(output_dir)]
     if resume:
@@ -119,7 +137,7 @@ def run_distributed(
                 proc.wait()
     if done is None and returncode == 0 and rendezvous is not None:
         # Rank 0 ran on another node, which reports the job; this node's ranks all finished.
-        emit(make_event("done", status="succeeded", summary={"node": "without rank 0: the job's events are its"}))
+        emit(make_event("done", status="succeeded", summary={OTHER_NODE: "without rank 0: the job's events are its"}))
         return "succeeded"
     if done is None:
         emit(make_event("done", status="failed",

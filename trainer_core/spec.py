@@ -285,7 +285,7 @@ class ResourcesSpec(StrictModel):
         default=1, ge=1, le=64,
         description="Machines the job spans, each running `num_processes` processes (torchrun's `--nnodes`): the "
         "world size is num_nodes x num_processes. Outside the service each machine starts the run with the same "
-        "`--rdzv-endpoint`; the service does not schedule multi-node jobs yet.",
+        "`--rdzv-endpoint`; the service runs the job on one slot of each of num_nodes workers of its queue.",
     )  # fmt: skip
     gpu_memory_gb: float | None = Field(
         default=None, gt=0, le=4096, description="Per-device memory budget checked against the estimate."

@@ -7,13 +7,14 @@ for a job that is running elsewhere or already finished changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,13 +26,15 @@ from service_core.db.base import utcnow
 from service_core.db.jobstore import FencedOut, transition
 from service_core.db.models import Job
 from service_core.db.session import session_scope
-from service_core.runs import RUN_LOG_NAME
+from service_core.runs import RUN_LOG_NAME, node_log_name
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX
 from trainer_core.path_guard import Reach
+from worker import gang
 from worker.checkpoint_sync import resume_phrase, start_uploader, store_checkpoint_events
 from worker.db_retry import retry_database
+from worker.gang import Gang
 from worker.lease import LeaseKeeper
 from worker.oom_retry import retry_after_oom
 from worker.outcome import RunOutcome
@@ -43,8 +46,20 @@ from worker.supervisor import supervise_run
 
 log = logging.getLogger(__name__)
 
-# A claimed attempt: its number (the fencing token), the job's spec and estimate, what its run may read.
-Claimed = tuple[int, dict[str, Any], dict[str, Any] | None, Reach]
+
+
+class Claimed(NamedTuple):
+    """A claimed attempt: its number (the fencing token), the job's spec and estimate, what its run may
+    read, the job (a slot joining gangs may end up in an older job's than its message named) and, for a
+    job of several nodes, this slot's place in the gang."""
+
+    attempt: int
+    spec: dict[str, Any]
+    estimate: dict[str, Any] | None
+    reach: Reach
+    job_id: str
+    gang: Gang | None = None
+
 # How long a claim waits for an unavailable database before the delivery is given up (the job stays
 # queued; the sweep sends it again).
 CLAIM_BUDGET_S = 60.0
@@ -102,12 +117,16 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     goes back to the queue (``running -> queued``) to resume on the next slot, instead of being
     cancelled.
     """
-    claimed = retry_database(lambda: claim(job_id, settings), f"job {job_id}: claim", CLAIM_BUDGET_S)
+    claimed = retry_database(lambda: claim(job_id, settings, should_stop), f"job {job_id}: claim", CLAIM_BUDGET_S)
     if claimed is None:
         return None
+    job_id = claimed.job_id
     try:
         return execute_attempt(job_id, settings, claimed, should_stop)
     finally:
+        if claimed.gang is not None:  # this node's place goes with its attempt
+            with contextlib.suppress(Exception), session_scope(settings.database_url) as session:
+                gang.release(session, job_id, gang_slot())
         if settings.max_running_per_owner > 0:  # a place under the cap may be free: send who waits for it
             try:
                 resend_waiting(settings)
@@ -151,7 +170,7 @@ def execute_attempt(
 ) -> str | None:
     """Carry out a claimed attempt (its number, spec, estimate and reach): fetch the data, supervise the
     run, then record how it ended or requeue the job (see execute_job)."""
-    attempt, spec, estimate, reach = claimed
+    attempt, spec, estimate, reach, _, place = claimed
     paths = run_paths(job_id, settings, reach)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     local_spec = fetch_run_data(job_id, settings, spec, attempt, paths)
@@ -161,7 +180,7 @@ def execute_attempt(
     paths.spec_file.write_text(json.dumps(local_spec, indent=2), encoding="utf-8")
     resume = retry_database(lambda: prepare_resume(job_id, settings, paths, attempt), f"job {job_id}: prepare resume")
     log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
-    lease = LeaseKeeper(job_id, attempt, settings).start()
+    lease = LeaseKeeper(job_id, attempt, settings, slot=gang_slot() if place is not None else None).start()
     uploader = None
     try:
         uploader = start_uploader(job_id, settings, paths, spec, attempt)
@@ -170,6 +189,8 @@ def execute_attempt(
             should_stop=should_stop, estimate=estimate, attempt=attempt,
             watch=uploader.poll if uploader is not None else None,
             on_checkpoint=uploader.describe if uploader is not None else None,
+            rendezvous=place.rendezvous(job_id) if place is not None else None,
+            extra_env=gang.run_env(place) if place is not None else None,
         )  # fmt: skip
     except FencedOut:  # the ingestor already killed the run (worker/ingest.py)
         lease.fenced.set()
@@ -185,6 +206,13 @@ def execute_attempt(
         return None
     if uploader is not None:
         store_checkpoint_events(settings, job_id, attempt, uploader.announcements(final=True))
+    if place is not None:
+        store_node_log(job_id, settings, paths, place.node)
+        node_ended = gang.node_outcome(outcome)
+        if node_ended is None:  # its ranks finished; the node holding rank 0 records the job's end
+            log.info("job %s: node %d finished its part", job_id, place.node)
+            return None
+        outcome = node_ended
     if outcome.stopped_by == ErrorReason.paused and outcome.status == JobStatus.cancelled:  # stopped as asked
         return retry_database(lambda: pause_after_stop(job_id, settings, paths, attempt), f"job {job_id}: pause")
     if outcome.stopped_by == ErrorReason.shutdown_requeue:
@@ -205,17 +233,35 @@ def execute_attempt(
     return retry_database(lambda: record_outcome(job_id, settings, outcome, attempt), f"job {job_id}: outcome")
 
 
-def claim(job_id: str, settings: Settings) -> Claimed | None:
+def gang_slot() -> str:
+    """This slot's name in ``job_nodes`` (worker/gang.py)."""
+    return f"{host_name()}-{os.getpid()}"
+
+
+def claim(job_id: str, settings: Settings, should_stop: Callable[[], bool] = lambda: False) -> Claimed | None:
     """Claim the job; its attempt, spec, estimate and what its run may read, or None when this delivery
-    is not the one to run it."""
+    is not the one to run it. A job of several nodes is joined instead, and starts once its gang forms."""
     with session_scope(settings.database_url) as session:
+        nodes = session.execute(select(Job.nodes).where(Job.id == job_id)).scalar_one_or_none()
+    place = None
+    if nodes is not None and nodes > 1:
+        formed = gang.claim_gang(job_id, settings, should_stop=should_stop)
+        if formed is None:
+            return None
+        job_id, place = formed
+    with session_scope(settings.database_url) as session:
+        if place is not None:
+            job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
+            reach = run_reach(settings, job.owner, job.reads_all_uploads)
+            return Claimed(place.attempt, dict(job.spec), job.estimate, reach, job_id, place)
         attempt = claim_job(session, job_id, settings.lease_seconds, settings.max_running_per_owner)
         if attempt is None:
             status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
             log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)
             return None
         job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        return attempt, dict(job.spec), job.estimate, run_reach(settings, job.owner, job.reads_all_uploads)
+        return Claimed(attempt, dict(job.spec), job.estimate, run_reach(settings, job.owner, job.reads_all_uploads),
+                       job_id)  # fmt: skip
 
 
 def restart(
@@ -297,6 +343,18 @@ def pause_after_stop(job_id: str, settings: Settings, paths: RunPaths, attempt: 
         store_artifacts(job_id, settings, paths)
     log.info("job %s: %s (%s)", job_id, current, message)
     return str(current)
+
+
+def store_node_log(job_id: str, settings: Settings, paths: RunPaths, node: int) -> None:
+    """Keep one node's run log beside the job's (``GET /v1/jobs/{id}/logs?node=K``); failures are logged."""
+    store = ArtifactStore(settings.artifacts_root)
+    try:
+        if paths.log_file.is_file():
+            target = f"{store.job_dir(job_id)}/{node_log_name(node)}"
+            store.fs.makedirs(store.job_dir(job_id), exist_ok=True)
+            store.fs.put_file(str(paths.log_file), target)
+    except OSError:
+        log.exception("job %s: storing node %d's log failed", job_id, node)
 
 
 def store_artifacts(job_id: str, settings: Settings, paths: RunPaths) -> None:

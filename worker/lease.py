@@ -22,6 +22,7 @@ from service_core.db.jobstore import renew_lease
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from worker.forkserver import fork_server_pid
+from worker.gang import renew_node_lease
 from worker.procfs import all_processes, cmdline
 from worker.zygote import MARKER
 
@@ -62,8 +63,8 @@ def fenced_out(job_id: str, attempt: int, what: str) -> None:
 class LeaseKeeper:
     """Renews one attempt's lease from a daemon thread until stopped, or until the attempt is fenced out."""
 
-    def __init__(self, job_id: str, attempt: int, settings: Settings) -> None:
-        self.job_id, self.attempt = job_id, attempt
+    def __init__(self, job_id: str, attempt: int, settings: Settings, *, slot: str | None = None) -> None:
+        self.job_id, self.attempt, self.slot = job_id, attempt, slot
         self.url, self.lease_s = settings.database_url, settings.lease_seconds
         self.every_s = settings.lease_renew_seconds
         self.fenced = threading.Event()
@@ -79,9 +80,13 @@ class LeaseKeeper:
         self._thread.join(timeout=self.every_s + 10)
 
     def renew(self) -> bool:
-        """One renewal; False (and the run killed) when the attempt is fenced out."""
+        """One renewal; False (and the run killed) when the attempt is fenced out. A node of a multi-node
+        job (``slot``) renews its own lease, and the job's becomes its nodes' earliest (worker/gang.py)."""
         with session_scope(self.url) as session:
-            renewed = renew_lease(session, self.job_id, self.attempt, self.lease_s)
+            if self.slot is None:
+                renewed = renew_lease(session, self.job_id, self.attempt, self.lease_s)
+            else:
+                renewed = renew_node_lease(session, self.job_id, self.attempt, self.slot, self.lease_s)
         if not renewed:
             self.fenced.set()
             fenced_out(self.job_id, self.attempt, "lease renewal")

@@ -87,7 +87,9 @@ def resend_waiting(settings: Settings, queues: Collection[str] | None = None) ->
     from service_core.queue import send_once
 
     cap = settings.max_running_per_owner
-    held = (Job.status == JobStatus.queued.value, Job.waiting_reason.is_not(None), Job.enqueued_at.is_(None))
+    # Multi-node jobs held for want of workers are worker/gang.py's.
+    held = (Job.status == JobStatus.queued.value, Job.waiting_reason.is_not(None), Job.enqueued_at.is_(None),
+            Job.nodes <= 1)  # fmt: skip
     picked: list[tuple[str, str, int]] = []
     with session_scope(settings.database_url) as session:
         where = [*held] if queues is None else [*held, Job.queue.in_(sorted(queues))]

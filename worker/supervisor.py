@@ -32,6 +32,7 @@ from service_core.db.models import Job
 from service_core.db.session import DATABASE_UNAVAILABLE
 from service_core.status import ErrorReason
 from trainer_core.events import Event, parse_event_line
+from trainer_core.launch import Rendezvous
 from worker.db_retry import Backoff, retry_database
 from worker.forkserver import RunProcess, start_run
 from worker.ingest import EventIngestor, SessionFactory
@@ -44,8 +45,9 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.5
 
 
-def train_args(paths: RunPaths, *, resume: bool) -> list[str]:
-    """The arguments of a run's ``python -m trainer_core`` (worker/forkserver.py:start_run starts it)."""
+def train_args(paths: RunPaths, *, resume: bool, rendezvous: Rendezvous | None = None) -> list[str]:
+    """The arguments of a run's ``python -m trainer_core`` (worker/forkserver.py:start_run starts it);
+    ``rendezvous``: this node's of a multi-node job (worker/gang.py)."""
     args = [
         str(paths.spec_file), "--output-dir", str(paths.output_dir), "--jsonl",
         "--cache-dir", str(paths.cache_dir), "--stop-file", str(paths.stop_file),
@@ -54,6 +56,12 @@ def train_args(paths: RunPaths, *, resume: bool) -> list[str]:
         args.append("--resume")
     if paths.reach is not None:
         args += paths.reach.args()
+    if rendezvous is not None:
+        args += ["--rdzv-endpoint", rendezvous.endpoint, "--rdzv-id", rendezvous.run_id]
+        if rendezvous.local_addr is not None:
+            args += ["--rdzv-local-addr", rendezvous.local_addr]
+        if rendezvous.is_host is not None:
+            args.append("--rdzv-host" if rendezvous.is_host else "--no-rdzv-host")
     return args
 
 
@@ -81,6 +89,8 @@ def supervise_run(
     attempt: int | None = None,
     watch: Callable[[], list[Event]] | None = None,
     on_checkpoint: Callable[[Event], None] | None = None,
+    rendezvous: Rendezvous | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> RunOutcome:
     """Start the run, stream its events into the database, stop it when asked; returns how it ended.
 
@@ -88,9 +98,11 @@ def supervise_run(
     is called on every turn of the loop while the run lives (the checkpoint uploader's poll); the
     events it returns are stored with the run's. ``on_checkpoint`` takes the run's ``checkpoint``
     events instead of the database (the uploader stores each once its checkpoint is in the store).
+    ``rendezvous`` and ``extra_env``: a node of a multi-node job's (worker/gang.py).
     """
     run_watch = RunWatch(job_id, paths, session_factory, grace_s=grace_s, should_stop=should_stop, attempt=attempt,
-                         watch=watch, on_checkpoint=on_checkpoint)  # fmt: skip
+                         watch=watch, on_checkpoint=on_checkpoint, rendezvous=rendezvous,
+                         extra_env=extra_env)  # fmt: skip
     returncode = run_watch.start_and_watch(resume=resume)
     tail = stderr_tail(paths.log_file, run_watch.log_start)
     return classify_exit(run_watch.done, returncode, run_watch.stopped_by, tail, estimate)
@@ -110,8 +122,11 @@ class RunWatch:
         attempt: int | None = None,
         watch: Callable[[], list[Event]] | None = None,
         on_checkpoint: Callable[[Event], None] | None = None,
+        rendezvous: Rendezvous | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.job_id, self.paths, self.session_factory = job_id, paths, session_factory
+        self.rendezvous, self.extra_env = rendezvous, extra_env or {}
         self.watch, self.on_checkpoint = watch, on_checkpoint
         self.grace_s, self.should_stop, self.attempt = grace_s, should_stop, attempt
         self.ingestor = EventIngestor(job_id, session_factory, attempt=attempt)
@@ -132,8 +147,8 @@ class RunWatch:
         with paths.log_file.open("ab") as log_handle:
             self.log_start = log_handle.tell()
             # No service secrets in a run's environment, a tracker's key only for its runs (worker/run_env.py).
-            env = run_environment(os.environ, spec_trackers(paths.spec_file))
-            proc = start_run(train_args(paths, resume=resume), env, log_handle)
+            env = {**run_environment(os.environ, spec_trackers(paths.spec_file)), **self.extra_env}
+            proc = start_run(train_args(paths, resume=resume, rendezvous=self.rendezvous), env, log_handle)
         paths.pid_file.write_text(str(proc.pid), encoding="utf-8")
         assert proc.stdout is not None
         threading.Thread(target=_read_lines, args=(proc.stdout, self.lines), daemon=True).start()

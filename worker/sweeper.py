@@ -14,7 +14,9 @@ of the first one; the same on SQLite and PostgreSQL). The holder:
    persistence). At most one job per idle slot, so a long queue gets no pile of duplicates; the claim
    ignores the duplicates there are.
 3. sends jobs held back by the per-owner running-jobs cap again, for owners with free places
-   (worker/running_cap.py; a slot whose run ends does it at once, this is for one that died first).
+   (worker/running_cap.py; a slot whose run ends does it at once, this is for one that died first);
+4. sends multi-node jobs whose gang did not form again, once enough workers of their queue have a free
+   slot (worker/gang.py).
 
 Each worker also writes its own row in ``workers`` every ``TRAINJOBS_LEASE_RENEW_SECONDS``: its
 queues, slots, how many run a job, and since when one has been idle.
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from service_core.db.base import utcnow
@@ -38,6 +40,7 @@ from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from trainer_core.auto import Budget, device_budget
+from worker.gang import busy_slot_pids, resend_gangs
 from worker.paths import host_name
 from worker.recovery import recover_orphaned_jobs
 from worker.running_cap import resend_waiting
@@ -75,11 +78,12 @@ def beat(
     """Write this worker's heartbeat row: queues, slots, busy slots, since when one is idle, its device."""
     now = utcnow()
     with session_scope(settings.database_url) as session:
-        busy = session.execute(
-            select(func.count())
-            .select_from(Job)
+        running = session.execute(
+            select(Job.pid)
             .where(Job.status == JobStatus.running.value, Job.worker == host_name(), Job.pid.in_(list(slot_pids)))
-        ).scalar_one()
+        ).scalars()  # fmt: skip
+        # A slot in a gang, forming or running, is busy too.
+        busy = len(set(running) | busy_slot_pids(session, host_name(), slot_pids))
         row = session.get(WorkerHeartbeat, name)
         idle_since = None if busy >= len(slot_pids) else (row.idle_since if row and row.idle_since else now)
         values: dict[str, Any] = {"queues": list(queues), "slots": len(slot_pids), "busy": int(busy),
@@ -160,7 +164,8 @@ def sweep(settings: Settings, *, recover: bool = True) -> dict[str, Any]:
     recovered = recover_orphaned_jobs(settings) if recover else {}
     if recovered:
         log.warning("recovered jobs of lost slots: %s", recovered)
-    return {"recovered": recovered, "redelivered": redeliver_lost_messages(settings) + resend_waiting(settings)}
+    resent = redeliver_lost_messages(settings) + resend_waiting(settings) + resend_gangs(settings)
+    return {"recovered": recovered, "redelivered": resent}
 
 
 class Sweeper:

@@ -29,6 +29,7 @@ from api.estimation import (
     check_monthly_budget,
     estimate_for_submit,
     liger_errors,
+    multi_node_errors,
     plan,
     resolve_auto_for_submit,
     time_estimate,
@@ -41,12 +42,12 @@ from api.preflight import run_preflight
 from api.problems import Problem
 from api.quotas import check_queued_quota
 from api.schemas.common import problem_responses
-from api.schemas.jobs import CURSOR_PATTERN, Cursor, JobCreate, JobList, JobOut, JobSummary
+from api.schemas.jobs import CURSOR_PATTERN, Cursor, JobCreate, JobList, JobOut, JobSummary, NodeOut
 from api.schemas.preflight import DryRunOut
 from api.spec_limits import runtime_limited
 from service_core.db.base import utcnow
 from service_core.db.jobstore import insert_job, insert_plain_job, transition
-from service_core.db.models import Job, JobEvent
+from service_core.db.models import Job, JobEvent, JobNode
 from service_core.keys import Caller
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
@@ -112,14 +113,6 @@ class Checked(NamedTuple):
     auto: list[dict[str, Any]]
 
 
-# Multi-node jobs run without the service (`python -m trainer_core ... --rdzv-endpoint`); the service has no
-# gang scheduling yet, so it refuses them at submit rather than leave them queued forever.
-MULTI_NODE_REFUSAL = (
-    "the service does not schedule jobs across several machines yet; use 1, or start the run on each machine with "
-    "`python -m trainer_core SPEC --output-dir DIR --rdzv-endpoint HOST:PORT`"
-)
-
-
 def checked_spec(
     body: JobCreate, sessions: sessionmaker[Session], settings: Settings, caller: Caller, warmed_up: Event | None
 ) -> Checked:
@@ -129,8 +122,6 @@ def checked_spec(
     untrainable = untrainable_errors(spec, cuda=True)  # the worker's device is checked by the run
     if untrainable:  # estimates take these specs; the worker cannot run them yet
         raise SpecError(untrainable)
-    if spec.resources.num_nodes > 1:  # no worker of any queue can take a gang of nodes yet
-        raise SpecError([FieldError("resources.num_nodes", MULTI_NODE_REFUSAL)])
     mlflow = spec.integrations.mlflow if spec.integrations else None
     uri = mlflow.tracking_uri if mlflow else None  # the run connects there, from the worker
     if uri is not None and (problem := tracking_uri_problem(uri, allow_private=settings.allow_private_targets)):
@@ -140,6 +131,8 @@ def checked_spec(
     queue = body.queue or settings.default_queue
     if liger := liger_errors(spec, queue, settings, sessions):
         raise SpecError(liger)
+    if nodes := multi_node_errors(spec, queue, settings, sessions):
+        raise SpecError(nodes)
     dataset_id = None
     if spec.dataset.id is not None:
         with sessions() as session:
@@ -204,7 +197,8 @@ def create_job(
         "owner": caller.owner, "name": spec.name, "queue": queue, "priority": body.priority,
         "spec": spec.model_dump(mode="json", exclude_unset=True), "estimate": estimate, "dataset_id": dataset_id,
         "created_at": now, "enqueued_at": now, "reads_all_uploads": caller.is_admin,
-        "devices": spec.world_size, "price_per_device_hour": settings.queue_prices.get(queue),
+        "devices": spec.world_size, "nodes": spec.resources.num_nodes,
+        "price_per_device_hour": settings.queue_prices.get(queue),
         "auto_choices": auto or None, "init_from_job": spec.init_from.job if spec.init_from else None,
     }  # fmt: skip
     try:
@@ -300,6 +294,11 @@ def get_job(job: OwnedJob, session: SessionDep) -> JobOut:
     out.continued_by = list(session.execute(continued.limit(MAX_CONTINUED)).scalars())
     retries = select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == "retry").order_by(JobEvent.seq)
     out.retries = [dict(data) for data in session.execute(retries).scalars()]
+    if job.nodes > 1:  # the running attempt's gang, or the one forming for the next
+        attempt = job.attempts if job.status == JobStatus.running.value else job.attempts + 1
+        rows = session.execute(select(JobNode).where(JobNode.job_id == job.id, JobNode.attempt == attempt)
+                               .order_by(JobNode.node, JobNode.joined_at)).scalars()  # fmt: skip
+        out.nodes = [NodeOut(node=row.node, host=row.host, worker=row.worker, address=row.address) for row in rows]
     return out
 
 

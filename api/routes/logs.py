@@ -6,6 +6,9 @@ worker (``trainjobs dev``, one-machine installs); when the run ends the slot sto
 as the artifact ``worker.log``, which every API process can read. The live file wins while it exists.
 
 Offsets are byte offsets into that file, so ``next_offset`` resumes exactly where a page stopped.
+
+A job of several nodes (worker/gang.py) logs on every node: ``worker.log`` is the one whose events are
+the job's (rank 0's), and ``?node=K`` reads node K's own log, stored as ``node-K.log`` when its part ends.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import OwnedJob, get_sessionmaker_for
+from api.problems import Problem
 from api.schemas.common import MAX_INT64, problem_responses
 from service_core.artifacts import ArtifactStore
 from service_core.db.models import Job
-from service_core.runs import RUN_LOG_NAME, run_work_dir
+from service_core.runs import RUN_LOG_NAME, node_log_name, run_work_dir
 from service_core.settings import Settings
 from service_core.status import JobStatus
 
@@ -48,12 +52,13 @@ def live_log(settings: Settings, job_id: str) -> Path:
     return run_work_dir(settings.home, job_id) / RUN_LOG_NAME
 
 
-def open_log(settings: Settings, store: ArtifactStore, job_id: str) -> IO[bytes] | None:
+def open_log(settings: Settings, store: ArtifactStore, job_id: str, node: int | None = None) -> IO[bytes] | None:
     path = live_log(settings, job_id)
-    if path.is_file():
+    if node is None and path.is_file():
         return path.open("rb")
-    if store.exists(job_id, RUN_LOG_NAME):
-        return store.open(job_id, RUN_LOG_NAME)
+    name = RUN_LOG_NAME if node is None else node_log_name(node)
+    if store.exists(job_id, name):
+        return store.open(job_id, name)
     return None
 
 
@@ -71,9 +76,11 @@ def utf8_boundary(data: bytes) -> int:
     return end
 
 
-def read_chunk(settings: Settings, store: ArtifactStore, job_id: str, offset: int, limit: int) -> tuple[bytes, bool]:
+def read_chunk(
+    settings: Settings, store: ArtifactStore, job_id: str, offset: int, limit: int, node: int | None = None
+) -> tuple[bytes, bool]:
     """Up to ``limit`` bytes from ``offset``, and whether they reach the end of the log as it is now."""
-    handle = open_log(settings, store, job_id)
+    handle = open_log(settings, store, job_id, node)
     if handle is None:
         return b"", True
     with handle:
@@ -117,13 +124,22 @@ def job_logs(
     ] = 0,
     limit: Annotated[int, Query(ge=16, le=MAX_CHUNK, description="At most this many bytes.")] = 64 * 1024,
     follow: Annotated[bool, Query(description="Stream text/plain as it is written, until the job ends.")] = False,
+    node: Annotated[
+        int | None, Query(ge=0, le=63, description="A multi-node job's node K: its own log, once its part ended.")
+    ] = None,
 ) -> LogChunk | StreamingResponse:
     """A page of the run's output from ``offset``; empty until the run has started writing."""
+    if node is not None and node >= job.nodes:
+        message = f"the job runs on {job.nodes} node(s), numbered from 0"
+        raise Problem(422, f"node: {message}", errors=[{"field": "node", "message": message}])
+    if node is not None and follow:
+        message = "a node's log is read once its part ended; follow the job's own log (no node)"
+        raise Problem(422, f"follow: {message}", errors=[{"field": "follow", "message": message}])
     if follow:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Log-Offset": str(offset)}
         stream = follow_stream(request, job.id, offset)
         return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers=headers)
     ended = JobStatus(job.status).terminal
-    data, at_end = read_chunk(request.app.state.settings, request.app.state.artifacts, job.id, offset, limit)
+    data, at_end = read_chunk(request.app.state.settings, request.app.state.artifacts, job.id, offset, limit, node)
     text = data.decode("utf-8", errors="replace")
     return LogChunk(offset=offset, next_offset=offset + len(data), text=text, complete=ended and at_end)

@@ -126,7 +126,8 @@ class JobSummary(BaseModel):
     waiting: str | None = Field(
         default=None,
         description="Why a queued job has not started although a slot could take it, when the service holds it "
-        "back (its owner's running-jobs cap, TRAINJOBS_MAX_RUNNING_PER_OWNER); null otherwise.",
+        "back (its owner's running-jobs cap, TRAINJOBS_MAX_RUNNING_PER_OWNER), or how a multi-node job's gang "
+        "stands (forming, or waiting for free workers); null otherwise.",
     )
     attempts: int
     retries: list[dict[str, Any]] = Field(
@@ -165,6 +166,15 @@ class StartedFromOut(BaseModel):
     url: str
 
 
+class NodeOut(BaseModel):
+    """One node of a multi-node job's gang (worker/gang.py)."""
+
+    node: int | None = Field(description="Its rank among the nodes; null while the gang forms.")
+    host: str = Field(description="The worker host its slot runs on.")
+    worker: str = Field(description="The worker (host and main process id) the slot belongs to.")
+    address: str = Field(description="Where the other nodes reach it (TRAINJOBS_ADVERTISE_HOST).")
+
+
 class JobOut(JobSummary):
     """One job, with the spec it runs (as stored: locations resolved)."""
 
@@ -180,6 +190,10 @@ class JobOut(JobSummary):
     )
     continued_by: list[str] = Field(
         default_factory=list, description="The jobs started from this job's checkpoints, oldest first (up to 100)."
+    )
+    nodes: list[NodeOut] = Field(
+        default_factory=list,
+        description="A job of several nodes (`resources.num_nodes`): the worker slots of its gang, running or forming.",
     )
 
     @classmethod

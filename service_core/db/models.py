@@ -117,6 +117,8 @@ class Job(Base):
     # attempt's start); the devices each attempt holds; the queue's price when the job was submitted.
     run_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     devices: Mapped[int] = mapped_column(Integer, default=1)
+    # resources.num_nodes: above 1, the job runs on a gang of worker slots (worker/gang.py).
+    nodes: Mapped[int] = mapped_column(Integer, default=1)
     price_per_device_hour: Mapped[float | None] = mapped_column(Float, default=None)
     # Where the run's trackers show it ({"wandb": url, "mlflow": url}), as the run reported them.
     tracker_links: Mapped[dict[str, Any] | None] = mapped_column(default=None)
@@ -186,6 +188,30 @@ class WorkerHeartbeat(Base):
     # GPU's memory ("gpu"), or the share of host memory a CPU run may take ("cpu").
     device_memory_gb: Mapped[float | None] = mapped_column(Float, default=None)
     device_kind: Mapped[str | None] = mapped_column(String(8), default=None)
+
+
+class JobNode(Base):
+    """One worker slot's place in a multi-node job's gang (worker/gang.py): joined while the job is
+    queued, given its node rank when the gang forms, kept under a lease of its own while it runs."""
+
+    __tablename__ = "job_nodes"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    # The slot: "<host>-<pid>"; its worker (main process) "<host>-<parent pid>". A gang takes one slot
+    # of each of N different workers.
+    slot: Mapped[str] = mapped_column(String(256), primary_key=True)
+    worker: Mapped[str] = mapped_column(String(256))
+    host: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    # The attempt this slot joins (the job's attempts + 1 while forming): its fencing token once running.
+    attempt: Mapped[int] = mapped_column(Integer)
+    # Where the other nodes reach this one (TRAINJOBS_ADVERTISE_HOST) and a free port there: node 0's
+    # pair is the run's rendezvous endpoint.
+    address: Mapped[str] = mapped_column(String(256))
+    port: Mapped[int] = mapped_column(Integer)
+    node: Mapped[int | None] = mapped_column(Integer, default=None)  # its rank, set when the gang forms
+    joined_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_expires_at: Mapped[datetime] = mapped_column()
 
 
 class JobEvent(Base):

@@ -82,9 +82,12 @@ def test_liger_is_refused_at_submit_where_no_worker_trains_on_cuda(
     assert liger_errors(parse_spec(LLM), "default", settings, sessions) == []  # only when asked for
 
 
-def test_a_sharded_spec_is_estimated_per_rank_and_a_multi_node_one_refused_at_submit(
+def test_a_sharded_spec_is_estimated_per_rank_and_a_multi_node_one_needs_as_many_workers(
     client: TestClient, keys: Keys, session: Session
 ) -> None:
+    from service_core.db.base import utcnow
+    from service_core.db.models import WorkerHeartbeat
+
     full = {**LLM, "adapter": None, "training": {"backend": "accelerate"}}
     sharded = {**full, "efficiency": {"mixed_precision": "bf16", "sharding": "fsdp"},
                "resources": {"num_processes": 4, "num_nodes": 2}}  # fmt: skip
@@ -94,12 +97,26 @@ def test_a_sharded_spec_is_estimated_per_rank_and_a_multi_node_one_refused_at_su
     assert body["devices"] == 8 and body["sharding"] == "fsdp"  # the world: nodes x processes
     assert body["total_bytes"] == estimate_memory(JobSpec.model_validate(sharded)).total_bytes
     assert "fsdp_gathered" in [p["name"] for p in body["parts"]] and body["ddp_bucket_bytes"] == 0
-    # the service cannot place a gang of machines yet: refused, naming the field, nothing stored
+    # the service runs sharded jobs on one node only: refused, naming the field, nothing stored
     response = client.post("/v1/jobs", json=sharded, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
     (error,) = response.json()["errors"]
-    assert error["field"] == "resources.num_nodes" and "--rdzv-endpoint" in error["message"]
+    assert error["field"] == "efficiency.sharding" and "resources.num_nodes" in error["message"]
+    # two nodes need two live workers of the queue: one is not enough
+    two_nodes = make_spec(resources={"num_processes": 1, "num_nodes": 2})
+    session.add(WorkerHeartbeat(name="box-a", queues=["default"], slots=1, heartbeat_at=utcnow()))
+    session.commit()
+    response = client.post("/v1/jobs", json=two_nodes, headers=keys.auth(keys.alice))
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["errors"]
+    assert error["field"] == "resources.num_nodes" and "which has 1 live" in error["message"]
     assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+    session.add(WorkerHeartbeat(name="box-b", queues=["default"], slots=1, heartbeat_at=utcnow()))
+    session.commit()
+    response = client.post("/v1/jobs", json=two_nodes, headers=keys.auth(keys.alice))
+    assert response.status_code == 201, response.text
+    stored = session.execute(select(Job.nodes, Job.devices).where(Job.id == response.json()["id"])).one()
+    assert tuple(stored) == (2, 2)
     # a spec sharding can't run is refused at submit too, naming the field
     response = client.post("/v1/jobs", json={**sharded, "optimizer": {"name": "adamw_8bit"}},
                            headers=keys.auth(keys.alice))  # fmt: skip

@@ -7,7 +7,7 @@ import { attemptsPanel, followStatusEvents } from "./attempts.js";
 import { createChart, isFraction } from "./charts.js";
 import { checkpointMarkers, checkpointsTable, marksCheckpoints } from "./checkpoints.js";
 import { appendNew, chartOrder, followPoints, loadSeries } from "./metrics.js";
-import { artifactsPanel, autoPanel, lineagePanel, logsPanel, memoryPanel, specPanel, timeCostPanel, trackersPanel } from "./panels.js";
+import { artifactsPanel, autoPanel, lineagePanel, logsPanel, memoryPanel, nodesPanel, specPanel, timeCostPanel, trackersPanel } from "./panels.js";
 import { duration, el, num, pace, runSeconds, samplesPerSecond, statusBadge, when } from "./util.js";
 
 const POLL_MS = 2000;
@@ -124,7 +124,7 @@ export async function mountJob(root, id, signal) {
       el("div.card", {}, el("h3", {}, job.final_metrics ? "Final metrics" : "Latest metrics"),
         latest.length ? el("dl.facts", {}, latest.map(([k, v]) => [el("dt", {}, k), el("dd", {}, num(v))]))
           : el("p.muted", {}, "none yet")),
-      autoPanel(job), trackersPanel(job), lineagePanel(job)].filter(Boolean));
+      autoPanel(job), trackersPanel(job), lineagePanel(job), nodesPanel(job)].filter(Boolean));
     tabs.spec.replaceChildren(specPanel(job));
     attempts.replaceChildren(attemptsPanel(statusEvents, job.retries));
   }

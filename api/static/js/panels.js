@@ -196,3 +196,13 @@ export function lineagePanel(job) {
   }
   return rows.length ? el("div.card", { dataset: { lineage: "" } }, el("h3", {}, "Lineage"), el("dl.facts", {}, rows)) : null;
 }
+
+/** A multi-node job's gang (worker/gang.py): each node's rank, host and worker, running or forming. */
+export function nodesPanel(job) {
+  if (!job.nodes?.length) return null;
+  const rows = job.nodes.flatMap((node) => [
+    el("dt", {}, node.node === null ? "joined" : `node ${node.node}`),
+    el("dd", { dataset: { node: node.node ?? "" } }, el("code", {}, node.host), " ",
+      el("span.muted.small", {}, `${node.worker}, reached at ${node.address}`))]);
+  return el("div.card", { dataset: { nodes: "" } }, el("h3", {}, "Nodes"), el("dl.facts", {}, rows));
+}

@@ -1,0 +1,106 @@
+"""A job across two worker hosts (worker/gang.py): one slot of each joins its gang, the nodes meet on
+torchrun's c10d rendezvous at node 0's advertised address, and the run trains as one node with two
+processes does. Cancel stops both nodes; a node's host lost restarts the gang from the store's
+checkpoint once a replacement host joins, with exact steps."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.worker.test_service_e2e import poll_metrics
+from worker.procfs import cmdline
+
+from .stack import TERMINAL, Fleet, dataset_spec, wait_for
+
+pytestmark = pytest.mark.slow
+# 64 rows, 8 a process and 2 processes: 4 steps an epoch.
+STEPS_PER_EPOCH = 4
+
+
+def submit(fleet: Fleet, spec: dict[str, Any], queue: str, **resources: int) -> str:
+    with fleet.client() as client:
+        created = client.post("/v1/jobs", json={**spec, "resources": resources, "queue": queue})
+    assert created.status_code == 201, created.text
+    return str(created.json()["id"])
+
+
+def losses(client: httpx.Client, job_id: str) -> list[tuple[int, float]]:
+    return [(p["step"], p["value"]) for p in poll_metrics(client, job_id, 120) if p["name"] == "loss"]
+
+
+def runs_on(fleet: Fleet, name: str) -> list[int]:
+    """The training processes alive on host ``name``."""
+    host = next(host for host in fleet.worker_hosts if host.name == name)
+    return [pid for pid in host.pids() if b"trainer_core" in cmdline(pid)]
+
+
+def test_a_two_node_job_trains_as_one_node_of_two_processes_and_a_cancel_stops_both(
+    fleet_stack: Fleet, queue: str, sentiment_dataset: str
+) -> None:
+    fleet = fleet_stack
+    fleet.start_workers(fleet.worker_hosts, queue)
+    spec = dataset_spec(sentiment_dataset, num_train_epochs=2, logging_steps=1, seed=7)
+    two_nodes = submit(fleet, spec, queue, num_nodes=2, num_processes=1)
+    one_node = submit(fleet, spec, queue, num_processes=2)
+    wait_for("both jobs to end", lambda: {fleet.job(j).status for j in (two_nodes, one_node)} <= TERMINAL, timeout=300)
+    for job_id in (two_nodes, one_node):
+        job = fleet.job(job_id)
+        assert (job.status, job.progress_step) == ("succeeded", 2 * STEPS_PER_EPOCH), job.error_message
+    started = [data for data in fleet.statuses(two_nodes) if data["status"] == "running"]
+    hosts = sorted(host.name for host in fleet.worker_hosts)
+    assert len(started) == 1 and sorted(started[0]["message"].removeprefix("2 nodes: ").split(", ")) == hosts
+    with fleet.client() as client:
+        gang, single = losses(client, two_nodes), losses(client, one_node)
+        assert [step for step, _ in gang] == [step for step, _ in single] == list(range(1, 2 * STEPS_PER_EPOCH + 1))
+        # the same world, batch and seed: the same run
+        assert [loss for _, loss in gang] == pytest.approx([loss for _, loss in single], rel=1e-5)
+        # Each node's own log is kept; a node the job does not have is refused, naming the field.
+        logs = [client.get(f"/v1/jobs/{two_nodes}/logs", params={"node": node}).json()["text"] for node in (0, 1)]
+        assert all(logs) and logs[0] != logs[1], logs  # each node's own run's output
+        missing = client.get(f"/v1/jobs/{two_nodes}/logs", params={"node": 2})
+        assert missing.status_code == 422 and missing.json()["errors"][0]["field"] == "node"
+
+        long = submit(fleet, {**spec, "training": {**spec["training"], "num_train_epochs": 200}}, queue,
+                      num_nodes=2, num_processes=1)  # fmt: skip
+        wait_for("the long job to train", lambda: fleet.job(long).progress_step >= 2, timeout=240)
+        assert all(runs_on(fleet, name) for name in hosts)
+        nodes = client.get(f"/v1/jobs/{long}").json()["nodes"]
+        assert sorted((n["node"], n["host"]) for n in nodes) in ([(0, hosts[0]), (1, hosts[1])],
+                                                                 [(0, hosts[1]), (1, hosts[0])]), nodes  # fmt: skip
+        assert client.post(f"/v1/jobs/{long}/cancel").status_code == 202
+    wait_for("the cancel", lambda: fleet.job(long).status in TERMINAL, timeout=120)
+    assert fleet.job(long).status == "cancelled"
+    wait_for("both nodes' runs to stop", lambda: not any(runs_on(fleet, name) for name in hosts), timeout=60)
+
+
+def test_a_lost_node_restarts_the_gang_from_the_store_with_exact_steps(
+    fleet_stack: Fleet, queue: str, sentiment_dataset: str
+) -> None:
+    fleet = fleet_stack
+    fleet.start_workers(fleet.worker_hosts, queue)
+    epochs = 24
+    total = epochs * STEPS_PER_EPOCH
+    spec = dataset_spec(sentiment_dataset, num_train_epochs=epochs, logging_steps=1, save_steps=8)
+    job_id = submit(fleet, spec, queue, num_nodes=2, num_processes=1)
+    wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=240)
+    stored = fleet.stored_checkpoints(job_id)[-1]
+    assert fleet.job(job_id).progress_step < total, "the job ended before a host could be lost"
+    lost = fleet.worker_hosts[0]
+    lost.lose()
+    wait_for("the gang's attempt to end", lambda: fleet.job(job_id).status != "running", timeout=60)
+    # A replacement machine, empty disk, joins the queue: the gang forms again with it.
+    lost.fresh_disk()
+    fleet.start_workers([lost], queue)
+    wait_for("the job to end", lambda: fleet.job(job_id).status in TERMINAL, timeout=300)
+    job = fleet.job(job_id)
+    assert (job.status, job.attempts, job.progress_step) == ("succeeded", 2, total), job.error_message
+    with fleet.client() as client:
+        assert [step for step, _ in losses(client, job_id)] == list(range(1, total + 1))
+    requeues = [data for data in fleet.statuses(job_id) if data["status"] == "queued"]
+    assert len(requeues) == 1 and requeues[0]["reason"] == "worker_lost", requeues
+    resumed = re.search(r"from checkpoint-(\d+)", str(requeues[0]["message"]))
+    assert resumed is not None and int(resumed.group(1)) >= stored, requeues
