@@ -134,7 +134,10 @@ def main() -> int:
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in LAYOUTS}
     with two_workers() as service:
-        spec = json.loads(write_example(Settings.model_validate({"DATA_ROOT": str(service.data_root)})).read_text())
+        home = service.home / "bench"
+        home.mkdir(exist_ok=True)
+        example = Settings.model_validate({"TRAINJOBS_HOME": str(home), "DATA_ROOT": str(service.data_root)})
+        spec = json.loads(write_example(example).read_text())
         spec["training"].update({"max_steps": args.steps, "eval_strategy": "no", "logging_steps": 1, "seed": 3})
         for round_ in range(args.rounds):
             order = list(LAYOUTS) if round_ % 2 == 0 else list(reversed(LAYOUTS))
