@@ -40,7 +40,7 @@ from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from trainer_core.auto import Budget, device_budget
-from worker.gang import busy_slot_pids, resend_gangs
+from worker.gang import advertise_address, busy_slot_pids, resend_gangs
 from worker.paths import host_name
 from worker.recovery import recover_orphaned_jobs
 from worker.running_cap import resend_waiting
@@ -73,9 +73,11 @@ def release_lease(settings: Settings, name: str, holder: str) -> None:
 
 
 def beat(
-    settings: Settings, name: str, queues: Sequence[str], slot_pids: Sequence[int], device: Budget | None = None
+    settings: Settings, name: str, queues: Sequence[str], slot_pids: Sequence[int], device: Budget | None = None,
+    address: str | None = None,
 ) -> None:
-    """Write this worker's heartbeat row: queues, slots, busy slots, since when one is idle, its device."""
+    """Write this worker's heartbeat row: queues, slots, busy slots (a slot in a gang too), since when one
+    is idle, its device and its advertised address."""
     now = utcnow()
     with session_scope(settings.database_url) as session:
         running = session.execute(
@@ -87,7 +89,7 @@ def beat(
         row = session.get(WorkerHeartbeat, name)
         idle_since = None if busy >= len(slot_pids) else (row.idle_since if row and row.idle_since else now)
         values: dict[str, Any] = {"queues": list(queues), "slots": len(slot_pids), "busy": int(busy),
-                                  "idle_since": idle_since, "heartbeat_at": now}  # fmt: skip
+                                  "idle_since": idle_since, "heartbeat_at": now, "address": address}  # fmt: skip
         if device is not None:
             values.update(device_memory_gb=device.gb, device_kind="cpu" if device.cpu else "gpu")
         if row is None:
@@ -174,6 +176,7 @@ class Sweeper:
     def __init__(self, settings: Settings, queues: Sequence[str], name: str) -> None:
         self.settings, self.queues, self.name = settings, list(queues), name
         self.device = device_budget()  # reported with each heartbeat: `auto` batches are sized for it
+        self.address = advertise_address(settings)
         self.slot_pids: list[int] = []
         self.next_beat = self.next_sweep = 0.0
         # After the database was away, the slots renew their leases before anything is called lost.
@@ -184,7 +187,7 @@ class Sweeper:
         try:
             if now >= self.next_beat and self.slot_pids:
                 self.next_beat = now + self.settings.lease_renew_seconds
-                beat(self.settings, self.name, self.queues, self.slot_pids, self.device)
+                beat(self.settings, self.name, self.queues, self.slot_pids, self.device, self.address)
                 self._database_answered(now)
             if now >= self.next_sweep:
                 self.next_sweep = now + self.settings.sweep_seconds

@@ -188,6 +188,8 @@ class WorkerHeartbeat(Base):
     # GPU's memory ("gpu"), or the share of host memory a CPU run may take ("cpu").
     device_memory_gb: Mapped[float | None] = mapped_column(Float, default=None)
     device_kind: Mapped[str | None] = mapped_column(String(8), default=None)
+    # Where the other nodes of a multi-node job reach this worker's (TRAINJOBS_ADVERTISE_HOST, worker/gang.py).
+    address: Mapped[str | None] = mapped_column(String(256), default=None)
 
 
 class JobNode(Base):

@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from bench.chaos_proxy import TcpProxy
 from service_core.db import Base, Job
 from service_core.db.base import utcnow
-from service_core.db.models import Lease, WorkerHeartbeat
+from service_core.db.models import JobNode, Lease, WorkerHeartbeat
 from service_core.db.session import get_engine, session_scope
 from service_core.settings import Settings
 from worker.paths import host_name
@@ -48,6 +48,14 @@ def test_heartbeat_rows_count_busy_slots_and_idle_time(db_settings: Settings, ma
     assert load_worker(db_settings).idle_since == first_idle  # still idle since then
     beat(db_settings, "w1", ["q"], [slot])
     assert load_worker(db_settings).idle_since is None  # every slot busy
+    # A slot in a multi-node job's gang, forming or running, is busy too; the row says where nodes meet it.
+    gang_job = make_job(db_settings, nodes=2)
+    with session_scope(db_settings.database_url) as s:
+        s.add(JobNode(job_id=gang_job, slot="s2", worker="w1", host=host_name(), pid=slot + 1, attempt=1,
+                      address="10.0.0.5", port=29400, lease_expires_at=utcnow()))  # fmt: skip
+    beat(db_settings, "w1", ["q"], [slot, slot + 1], address="10.0.0.5")
+    worker = load_worker(db_settings)
+    assert (worker.busy, worker.idle_since, worker.address) == (2, None, "10.0.0.5")
 
 
 def load_worker(settings: Settings) -> WorkerHeartbeat:

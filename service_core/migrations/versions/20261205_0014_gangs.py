@@ -1,5 +1,5 @@
-"""Multi-node jobs: jobs.nodes (resources.num_nodes), and job_nodes, the worker slots of a job's gang
-(worker/gang.py), each with its own lease.
+"""Multi-node jobs: jobs.nodes (resources.num_nodes), workers.address (where the other nodes reach a
+worker's), and job_nodes, the worker slots of a job's gang (worker/gang.py), each with its own lease.
 
 Revision ID: 0014
 Revises: 0013
@@ -22,6 +22,8 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("nodes", sa.Integer(), server_default="1", nullable=False))
+    with op.batch_alter_table("workers", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("address", sa.String(length=256), nullable=True))
     op.create_table(
         "job_nodes",
         sa.Column("job_id", sa.String(length=32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
@@ -41,5 +43,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("job_nodes")
+    with op.batch_alter_table("workers", schema=None) as batch_op:
+        batch_op.drop_column("address")
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.drop_column("nodes")
