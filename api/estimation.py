@@ -44,10 +44,18 @@ def estimate(
     return estimate_memory(spec, devices=devices, gpu_memory_gb=gpu_memory_gb, overhead_bytes=overhead_bytes(settings))
 
 
-def plan(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None) -> Any:
+def plan(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None, max_nodes: int = 1) -> Any:
     from trainer_core.memory import plan_memory
 
-    return plan_memory(spec, gpu_memory_gb, devices=devices)
+    return plan_memory(spec, gpu_memory_gb, devices=devices, max_nodes=max_nodes)
+
+
+def queue_workers(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> int:
+    """Live workers serving ``queue``: the nodes a job of it may span (worker/gang.py takes one slot each)."""
+    live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
+    with sessions() as session:
+        served = session.execute(select(WorkerHeartbeat.queues).where(WorkerHeartbeat.heartbeat_at >= live_after))
+        return sum(1 for (queues,) in served if queue in (queues or []))
 
 
 def budget_for(spec: JobSpec, queue: str, settings: Settings) -> float | None:
@@ -103,19 +111,11 @@ def liger_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessio
 def multi_node_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessionmaker[Session]
                       ) -> list[FieldError]:  # fmt: skip
     """What keeps a job of several nodes (worker/gang.py) from running on ``queue``: fewer live workers
-    than nodes (a gang takes one slot on each of N workers), or sharding, whose checkpoints would be
-    split across the nodes' disks and could not be resumed from the object store."""
+    than nodes (a gang takes one slot on each of N workers)."""
     nodes = spec.resources.num_nodes
     if nodes <= 1:
         return []
-    if spec.efficiency.sharding != "none":
-        return [FieldError("efficiency.sharding", "the service runs sharded jobs on one node (resources.num_nodes: "
-                           "1, several processes): a multi-node sharded checkpoint would be split across the nodes' "
-                           "disks; use 'none' for a job of several nodes")]  # fmt: skip
-    live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
-    with sessions() as session:
-        served = session.execute(select(WorkerHeartbeat.queues).where(WorkerHeartbeat.heartbeat_at >= live_after))
-        workers = sum(1 for (queues,) in served if queue in (queues or []))
+    workers = queue_workers(queue, settings, sessions)
     if workers >= nodes:
         return []
     return [FieldError("resources.num_nodes", f"a job of {nodes} nodes takes a slot on each of {nodes} workers of "
@@ -139,7 +139,9 @@ def resolve_auto_for_submit(
     return apply_choices(spec, choices), here, [choice.as_dict() for choice in choices]
 
 
-def estimate_for_submit(spec: JobSpec, queue: str, settings: Settings) -> dict[str, Any] | None:
+def estimate_for_submit(
+    spec: JobSpec, queue: str, settings: Settings, sessions: sessionmaker[Session] | None = None
+) -> dict[str, Any] | None:
     """The estimate to store with a job; a 422 with the planner's advice when it exceeds the budget.
 
     Without a budget an unknown model is not an error (the worker may still fetch it); with one,
@@ -157,7 +159,9 @@ def estimate_for_submit(spec: JobSpec, queue: str, settings: Settings) -> dict[s
         return None
     body: dict[str, Any] = result.model_dump(mode="json")
     if budget is not None and not result.fits:
-        advice = plan(spec, budget).model_dump(mode="json")
+        # a full fine-tune may be offered sharded over as many machines as the queue has workers
+        nodes = queue_workers(queue, settings, sessions) if sessions is not None else 1
+        advice = plan(spec, budget, max_nodes=max(1, nodes)).model_dump(mode="json")
         field = "resources.gpu_memory_gb" if spec.resources.gpu_memory_gb == budget else "queue"
         message = f"the estimate exceeds the {budget:g} GB budget"
         detail = over_budget_advice(advice)

@@ -60,13 +60,27 @@ def shard_model(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Mod
     return model
 
 
-def save_sharded(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Every rank writes its shards of the model and optimizer under ``checkpoint/sharded`` (collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def save_sharded(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, gathered: bool = False
+                 ) -> None:  # fmt: skip
+    """Every rank writes its shards of the model and optimizer under ``checkpoint/sharded`` (collective).
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(checkpoint / SHARDED_DIR))
+    ``gathered`` (a run of several nodes): the shards are gathered whole into rank 0's host memory and
+    rank 0 alone writes them, in the same format. Each node saves to its own disk, so shards written
+    per rank would leave every node with part of the checkpoint, and no node could resume from it, nor
+    the object store hold it whole. It costs the whole model and optimizer state in rank 0's host memory
+    at each save. Loading re-shards either form (:func:`load_sharded`).
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if gathered else None
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    if not gathered:
+        dcp.save(state, checkpoint_id=str(checkpoint / SHARDED_DIR))
+    elif dist.get_rank() == 0:
+        dcp.save(state, checkpoint_id=str(checkpoint / SHARDED_DIR), no_dist=True)
 
 
 def load_sharded(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, SessionFactoryDep, SettingsDep
-from api.estimation import auto_budget, estimate, overhead_bytes, plan, time_estimate, with_cost
+from api.estimation import auto_budget, estimate, overhead_bytes, plan, queue_workers, time_estimate, with_cost
 from api.paths import check_spec_locations, readable_here
 from api.problems import Problem
 from api.schemas.common import problem_responses
@@ -42,7 +42,10 @@ def estimate_response(
     result = estimate(body.spec, settings, gpu_memory_gb=body.gpu_memory_gb, devices=body.devices)
     advice = None
     if body.gpu_memory_gb is not None:
-        advice = plan(body.spec, body.gpu_memory_gb, devices=body.devices).model_dump(mode="json")
+        # over more machines too, as many as the queue has live workers (a job of several nodes takes one each)
+        nodes = queue_workers(queue, settings, sessions) if sessions is not None and body.devices is None else 1
+        advice = plan(body.spec, body.gpu_memory_gb, devices=body.devices, max_nodes=max(1, nodes))
+        advice = advice.model_dump(mode="json")
     # total_formula: so a client without torch renders the same table as `trainjobs estimate`.
     answer = {**result.model_dump(mode="json"), "total_formula": TOTAL_FORMULA}
     if body.train_rows is not None and sessions is not None:

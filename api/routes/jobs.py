@@ -144,7 +144,7 @@ def checked_spec(
     # Preflight first: its messages about the data and the model say more than the estimator's would.
     report = run_preflight(here, warmed_up, store_root=store_root(settings))
     spec, here, auto = resolve_auto_for_submit(spec, here, queue, report.get("train_rows"), settings, sessions)
-    estimate = estimate_for_submit(here, queue, settings)
+    estimate = estimate_for_submit(here, queue, settings, sessions)
     if estimate is not None:  # the time part needs the model the memory estimate sized, and the rows
         rows = report.get("train_rows"), report.get("eval_rows") or 0
         timed = time_estimate(here, queue, *rows, settings, sessions, report.get("sample_tokens"))

@@ -97,12 +97,11 @@ def test_a_sharded_spec_is_estimated_per_rank_and_a_multi_node_one_needs_as_many
     assert body["devices"] == 8 and body["sharding"] == "fsdp"  # the world: nodes x processes
     assert body["total_bytes"] == estimate_memory(JobSpec.model_validate(sharded)).total_bytes
     assert "fsdp_gathered" in [p["name"] for p in body["parts"]] and body["ddp_bucket_bytes"] == 0
-    # the service runs sharded jobs on one node only: refused, naming the field, nothing stored
+    # two nodes need two live workers of the queue: none, then one, is not enough
     response = client.post("/v1/jobs", json=sharded, headers=keys.auth(keys.alice))
     assert response.status_code == 422, response.text
     (error,) = response.json()["errors"]
-    assert error["field"] == "efficiency.sharding" and "resources.num_nodes" in error["message"]
-    # two nodes need two live workers of the queue: one is not enough
+    assert error["field"] == "resources.num_nodes" and "which has 0 live" in error["message"]
     two_nodes = make_spec(resources={"num_processes": 1, "num_nodes": 2})
     session.add(WorkerHeartbeat(name="box-a", queues=["default"], slots=1, heartbeat_at=utcnow()))
     session.commit()
@@ -117,6 +116,20 @@ def test_a_sharded_spec_is_estimated_per_rank_and_a_multi_node_one_needs_as_many
     assert response.status_code == 201, response.text
     stored = session.execute(select(Job.nodes, Job.devices).where(Job.id == response.json()["id"])).one()
     assert tuple(stored) == (2, 2)
+    # The planner spreads a full fine-tune that fits no device over as many machines as the queue has
+    # workers: 1B parameters at 8 GiB a device, sharded over 4 nodes once there are 4.
+    one_process = {**full, "efficiency": {"mixed_precision": "bf16"}}
+    two_workers = client.post("/v1/estimates", json={"spec": one_process, "gpu_memory_gb": 8},
+                              headers=keys.auth(keys.alice)).json()["plan"]  # fmt: skip
+    assert all(entry["spec"]["resources"]["num_nodes"] == 1 for entry in two_workers["entries"])
+    for name in ("box-c", "box-d"):
+        session.add(WorkerHeartbeat(name=name, queues=["default"], slots=1, heartbeat_at=utcnow()))
+    session.commit()
+    four_workers = client.post("/v1/estimates", json={"spec": one_process, "gpu_memory_gb": 8},
+                               headers=keys.auth(keys.alice)).json()["plan"]  # fmt: skip
+    first = four_workers["entries"][0]
+    assert first["changes"]["resources.num_nodes"] == 4 and first["changes"]["efficiency.sharding"] == "fsdp"
+    assert "4 nodes of 1 process" in first["reason"]
     # a spec sharding can't run is refused at submit too, naming the field
     response = client.post("/v1/jobs", json={**sharded, "optimizer": {"name": "adamw_8bit"}},
                            headers=keys.auth(keys.alice))  # fmt: skip

@@ -1,7 +1,7 @@
 """A job across two worker hosts (worker/gang.py): one slot of each joins its gang, the nodes meet on
 torchrun's c10d rendezvous at node 0's advertised address, and the run trains as one node with two
-processes does. Cancel stops both nodes; a node's host lost restarts the gang from the store's
-checkpoint once a replacement host joins, with exact steps."""
+processes does. Cancel stops both nodes; a node's host lost restarts the gang (a sharded one) from the
+store's checkpoint once a replacement host joins, with exact steps."""
 
 from __future__ import annotations
 
@@ -77,14 +77,16 @@ def test_a_two_node_job_trains_as_one_node_of_two_processes_and_a_cancel_stops_b
     wait_for("both nodes' runs to stop", lambda: not any(runs_on(fleet, name) for name in hosts), timeout=60)
 
 
-def test_a_lost_node_restarts_the_gang_from_the_store_with_exact_steps(
+def test_a_lost_node_restarts_the_sharded_gang_from_the_store_with_exact_steps(
     fleet_stack: Fleet, queue: str, sentiment_dataset: str
 ) -> None:
+    """Sharded (FSDP) over the two nodes: rank 0 gathers each checkpoint whole, so the store's is complete."""
     fleet = fleet_stack
     fleet.start_workers(fleet.worker_hosts, queue)
     epochs = 24
     total = epochs * STEPS_PER_EPOCH
-    spec = dataset_spec(sentiment_dataset, num_train_epochs=epochs, logging_steps=1, save_steps=8)
+    spec = dataset_spec(sentiment_dataset, num_train_epochs=epochs, logging_steps=1, save_steps=8, backend="accelerate")
+    spec["efficiency"] = {**spec.get("efficiency", {}), "sharding": "fsdp"}
     job_id = submit(fleet, spec, queue, num_nodes=2, num_processes=1)
     wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=240)
     stored = fleet.stored_checkpoints(job_id)[-1]

@@ -153,6 +153,19 @@ def test_two_nodes_of_one_process_train_as_one_node_of_two(tmp_path: Path, ddp: 
     assert lead_losses == pytest.approx([e["values"]["loss"] for e in ddp_events.of_kind("metric")], rel=1e-5)
     assert_same_weights(ddp_dir, tmp_path / f"node{lead}")
 
+    # Each node saves to its own disk, so a multi-node run's checkpoint is gathered whole on rank 0's:
+    # the lead node alone holds complete checkpoints, and one resumes on one node of 2 processes.
+    lead_dir, other_dir = tmp_path / f"node{lead}", tmp_path / f"node{1 - lead}"
+    assert complete_checkpoints(other_dir) == []
+    assert len(list((lead_dir / "checkpoint-2" / SHARDED_DIR).glob("*.distcp"))) == 1
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(lead_dir / "checkpoint-2", resumed_dir / "checkpoint-2")
+    status, resumed = run(single, resumed_dir, resume=True)
+    assert status == "succeeded", done_event(resumed)
+    assert norms(resumed) == pytest.approx(norms(ddp_events)[2:], rel=1e-4)
+    assert_same_weights(ddp_dir, resumed_dir)
+
     # without a rendezvous a multi-node spec is refused, naming the field
     with pytest.raises(SpecError) as refused:
         run(two, tmp_path / "alone")

@@ -156,7 +156,8 @@ def _save_checkpoint(book: _Bookkeeping, progress: TrainProgress, epoch: float) 
     ckpt = checkpoint_dir(ctx.output_dir, progress.global_step)
     accelerator.save_state(str(ckpt))  # every rank: each saves its own RNG state
     if ctx.spec.fsdp_settings is not None:  # the model and optimizer are not accelerate's: their shards
-        save_sharded(ckpt, book.model, book.optimizer.optimizer)
+        # several nodes: gathered whole on rank 0, or each node's disk would hold only its ranks' part
+        save_sharded(ckpt, book.model, book.optimizer.optimizer, gathered=ctx.spec.resources.num_nodes > 1)
     # Every rank tracks the best checkpoint (each may load it at the end); the main one describes it.
     evaluations = book.events.checkpoint_written(progress.global_step)
     if accelerator.is_main_process:

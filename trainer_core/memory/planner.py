@@ -41,7 +41,8 @@ from trainer_core.spec import JobSpec, OptimizerSpec, SpecError, parse_spec
 from trainer_core.spec_sharding import SHARDED_OPTIMIZERS
 
 ADAPTER_RANKS = (8, 16, 64)
-# Sharded forms of a full fine-tune, fastest first: one gather a step less, then least memory, then offload.
+# Sharded forms of a full fine-tune, fastest first: one gather a step less, then least memory, then offload
+# (the first two on the device alone: the ones offered over more nodes).
 SHARDING_TIERS: tuple[dict[str, Any], ...] = tuple(
     {"efficiency.sharding": "fsdp", "training.backend": "accelerate", "efficiency.fsdp": fsdp}
     for fsdp in (
@@ -225,6 +226,9 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
         fsdp = new.fsdp_settings
         offload = ", shards in host memory" if fsdp.cpu_offload else ""
         phrases.append(f"FSDP {fsdp.strategy} over {new.world_size} processes{offload}")
+    if "resources.num_nodes" in changes:
+        per_node = new.resources.num_processes
+        phrases.append(f"{new.resources.num_nodes} nodes of {per_node} process{'' if per_node == 1 else 'es'}")
     if "efficiency.mixed_precision" in changes:
         mp = new.efficiency.mixed_precision
         phrases.append("fp32, no autocast" if mp == "no" else f"{mp} autocast (16-bit activations)")
@@ -232,8 +236,21 @@ def _reason(spec: JobSpec, new: JobSpec, changes: dict[str, Any], total: int, bu
     return f"{what}: {human_bytes(total)} of {human_bytes(budget)}"
 
 
-def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None) -> Plan:
-    """Configurations of ``spec`` that fit ``gpu_memory_gb`` (GiB) per device, fastest first."""
+def more_nodes(spec: JobSpec, max_nodes: int) -> list[int]:
+    """Node counts above the spec's, doubling, up to ``max_nodes`` (the machines that can take the job)."""
+    counts, n = [], spec.resources.num_nodes * 2
+    while n <= max_nodes:
+        counts.append(n)
+        n *= 2
+    return counts
+
+
+def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None, max_nodes: int = 1) -> Plan:
+    """Configurations of ``spec`` that fit ``gpu_memory_gb`` (GiB) per device, fastest first.
+
+    ``max_nodes``: machines the job may span (e.g. the workers of its queue). A full fine-tune that does
+    not fit even sharded over its own processes is offered sharded over more nodes, the fewest that fit.
+    """
     budget = int(gpu_memory_gb * GIB)
     structure = model_structure(spec.model, spec.task)
     ckpt_ok, chunked_ok = structure.supports_gradient_checkpointing, offers_chunked_loss(spec, structure)
@@ -243,12 +260,27 @@ def plan_memory(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = No
     # A DPO/ORPO job that does not fit as written is shown its method's cheaper forms beside those
     # settings; any other job only when none of them fits.
     widen = not entries or (spec.is_preference and estimate_memory(spec, devices=devices).total_bytes > budget)
+    sharded_entries: list[PlanEntry] = []
     for fixed in SHARDING_TIERS if widen and offers_sharding(spec) else ():
         # sharding takes fewer optimizers and precisions: the candidates its rules refuse are left out
         candidates = _candidates(spec, ckpt_ok, fixed=fixed, chunked_ok=chunked_ok)
         sharded = _scored(spec, candidates, devices, skip_refused=True)
         scored += sharded
-        entries += _fitting(spec, sharded, budget, lambda new: "one per sharding mode")
+        sharded_entries += _fitting(spec, sharded, budget, lambda new: "one per sharding mode")
+    on_device = [e for e in sharded_entries if e.spec.fsdp_settings and not e.spec.fsdp_settings.cpu_offload]
+    spread: list[PlanEntry] = []
+    # More machines before the host-memory offload, which steps the optimizer on the CPU.
+    for nodes in more_nodes(spec, max_nodes) if widen and not on_device and devices is None else ():
+        scaled = apply_changes(spec, {"resources.num_nodes": nodes})
+        for fixed in SHARDING_TIERS[:2] if offers_sharding(scaled) else ():
+            candidates = _candidates(spec, ckpt_ok, fixed={**fixed, "resources.num_nodes": nodes},
+                                     chunked_ok=chunked_ok)  # fmt: skip
+            wider = _scored(spec, candidates, None, skip_refused=True)
+            scored += wider
+            spread += _fitting(spec, wider, budget, lambda new: "one per sharding mode")
+        if spread:  # the fewest nodes that fit
+            break
+    entries += on_device + spread + [e for e in sharded_entries if e not in on_device]
     if widen and scores_reference(spec):
         precomputed = _scored(spec, _candidates(spec, ckpt_ok, fixed=PRECOMPUTED_REFERENCE), devices)
         scored += precomputed

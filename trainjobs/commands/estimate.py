@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--devices", type=int, default=None, metavar="N", help="number of devices (DDP)")
     parser.add_argument(
+        "--max-nodes", type=int, default=1, metavar="N",
+        help="machines the plan may shard a full fine-tune over (--remote: the queue's live workers)",
+    )  # fmt: skip
+    parser.add_argument(
         "--train-rows", type=int, default=None, metavar="N",
         help="with --remote: the time and cost of training on N rows, on --queue (the service's calibration)",
     )  # fmt: skip
@@ -59,7 +63,8 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def local_payload(spec_path: str, gpu_memory_gb: float | None, devices: int | None) -> dict[str, Any]:
+def local_payload(spec_path: str, gpu_memory_gb: float | None, devices: int | None, max_nodes: int = 1
+                  ) -> dict[str, Any]:  # fmt: skip
     """The estimate (and the plan when a budget is known) as one JSON-able object."""
     from trainer_core.auto import Budget, device_budget, resolve_auto
     from trainer_core.memory import TOTAL_FORMULA, estimate_memory, plan_memory
@@ -76,7 +81,7 @@ def local_payload(spec_path: str, gpu_memory_gb: float | None, devices: int | No
     if choices:
         payload["auto"] = [choice.as_dict() for choice in choices]
     if budget is not None:
-        payload["plan"] = plan_memory(spec, budget, devices=devices).model_dump(mode="json")
+        payload["plan"] = plan_memory(spec, budget, devices=devices, max_nodes=max_nodes).model_dump(mode="json")
     return payload
 
 
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from trainer_core.spec import SpecError
 
     try:
-        payload = local_payload(args.spec, args.gpu_memory, args.devices)
+        payload = local_payload(args.spec, args.gpu_memory, args.devices, args.max_nodes)
     except SpecError as exc:
         for err in exc.errors:
             print(f"error: {err.field}: {err.message}", file=sys.stderr)

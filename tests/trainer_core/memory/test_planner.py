@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.trainer_core.memory.conftest import SpecFactory
 from trainer_core.memory import estimate_memory, plan_memory
-from trainer_core.memory.planner import apply_changes
+from trainer_core.memory.planner import SHARDING_TIERS, apply_changes
 
 GIB = 1024**3
 
@@ -144,3 +144,34 @@ def test_the_oom_ladder_of_a_sharded_job_offers_only_what_sharding_runs(make_spe
     assert next_oom_changes(spec.model_copy(update={"efficiency": spec.efficiency.model_copy(
         update={"sharding": "none"})})) == {"optimizer.name": "adamw_8bit"}  # fmt: skip
     assert next_oom_changes(spec) is None
+
+
+def test_a_full_fine_tune_too_big_for_one_node_sharded_is_offered_the_fewest_nodes_that_fit(
+    make_spec: SpecFactory,
+) -> None:
+    """Llama-3-8B's full fine-tune sharded over one node of 8 processes needs more than 16 GiB a device
+    (its weights, gradients and AdamW state alone are 16 GB a rank), unless the shards go to host memory.
+    With machines to spare (``max_nodes``: the queue's workers) it is offered sharded over more nodes,
+    the fewest that fit, before that offload and before any adapter."""
+    spec = make_spec(
+        "meta-llama/Meta-Llama-3-8B", task="causal-lm", preprocessing=LLAMA_SFT,
+        training={"per_device_train_batch_size": 4}, efficiency={"mixed_precision": "bf16"},
+        resources={"num_processes": 8},
+    )  # fmt: skip
+    one_node = [e for e in plan_memory(spec, 16).entries if e.spec.fsdp_settings is not None]
+    assert [e.spec.fsdp_settings.cpu_offload for e in one_node if e.spec.fsdp_settings] == [True]
+    plan = plan_memory(spec, 16, max_nodes=8)
+    spread = [e for e in plan.entries if e.spec.resources.num_nodes > 1]
+    # (shard_grad_op, which keeps each block gathered from its forward to its backward, needs more)
+    assert [(e.spec.resources.num_nodes, e.spec.fsdp_settings.strategy) for e in spread if e.spec.fsdp_settings] == [
+        (4, "full_shard")]  # fmt: skip
+    assert plan.entries[: len(spread) + 1] == [*spread, one_node[0]]  # then the offload, then adapters
+    for entry in spread:
+        assert entry.spec.adapter is None and entry.spec.world_size == 32
+        assert estimate_memory(entry.spec).total_bytes == entry.estimate_total_bytes <= 16 * GIB
+        assert entry.spec == apply_changes(spec, entry.changes)
+        assert "over 32 processes" in entry.reason and "4 nodes of 8 processes" in entry.reason
+    # two nodes would not have been enough; with no machine to spare, none is offered
+    two = apply_changes(spec, {"resources.num_nodes": 2, **SHARDING_TIERS[1]})
+    assert estimate_memory(two).total_bytes > 16 * GIB
+    assert all(e.spec.resources.num_nodes == 1 for e in plan_memory(spec, 16, max_nodes=3).entries[:1])
