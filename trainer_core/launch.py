@@ -140,8 +140,10 @@ def run_distributed(
         emit(make_event("done", status="succeeded", summary={OTHER_NODE: "without rank 0: the job's events are its"}))
         return "succeeded"
     if done is None:
-        emit(make_event("done", status="failed",
-                        summary={"reason": "internal", "error": f"torchrun exited with status {returncode}"}))
+        failed = {"reason": "internal", "error": f"torchrun exited with status {returncode}"}
+        if rendezvous is not None:  # a node without rank 0: the job's own end and outputs are rank 0's node's
+            failed[OTHER_NODE] = "without rank 0"
+        emit(make_event("done", status="failed", summary=failed))
         return "failed"
     error = _spec_error_from(done)
     if error is not None:

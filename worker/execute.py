@@ -30,6 +30,7 @@ from service_core.runs import RUN_LOG_NAME, node_log_name
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.checkpoint import CHECKPOINT_PREFIX
+from trainer_core.launch import OTHER_NODE
 from trainer_core.path_guard import Reach
 from worker import gang
 from worker.checkpoint_sync import resume_phrase, start_uploader, store_checkpoint_events
@@ -45,7 +46,6 @@ from worker.running_cap import hold, lock_owner_claims, resend_waiting, running_
 from worker.supervisor import supervise_run
 
 log = logging.getLogger(__name__)
-
 
 
 class Claimed(NamedTuple):
@@ -85,7 +85,7 @@ def claim_job(session: Session, job_id: str, lease_s: float = 60.0, max_running:
     moved = transition(
         session, job_id, JobStatus.running, expect=JobStatus.queued, attempts=Job.attempts + 1,
         worker=host_name(), pid=os.getpid(), lease_expires_at=utcnow() + timedelta(seconds=lease_s),
-        waiting_reason=None,
+        waiting_reason=None, conditions=(Job.nodes <= 1,),  # a job of several nodes is joined (worker/gang.py)
     )  # fmt: skip
     if not moved:
         return None
@@ -126,7 +126,7 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
     finally:
         if claimed.gang is not None:  # this node's place goes with its attempt
             with contextlib.suppress(Exception), session_scope(settings.database_url) as session:
-                gang.release(session, job_id, gang_slot())
+                gang.release(session, job_id, gang.slot_name())
         if settings.max_running_per_owner > 0:  # a place under the cap may be free: send who waits for it
             try:
                 resend_waiting(settings)
@@ -180,7 +180,7 @@ def execute_attempt(
     paths.spec_file.write_text(json.dumps(local_spec, indent=2), encoding="utf-8")
     resume = retry_database(lambda: prepare_resume(job_id, settings, paths, attempt), f"job {job_id}: prepare resume")
     log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
-    lease = LeaseKeeper(job_id, attempt, settings, slot=gang_slot() if place is not None else None).start()
+    lease = LeaseKeeper(job_id, attempt, settings, slot=gang.slot_name() if place is not None else None).start()
     uploader = None
     try:
         uploader = start_uploader(job_id, settings, paths, spec, attempt)
@@ -229,39 +229,32 @@ def execute_attempt(
         if retried is None:
             return JobStatus.queued.value
         outcome = retried
-    store_artifacts(job_id, settings, paths)
+    if place is None or not outcome.summary.get(OTHER_NODE):  # a gang's outputs are its rank 0 node's
+        store_artifacts(job_id, settings, paths)
     return retry_database(lambda: record_outcome(job_id, settings, outcome, attempt), f"job {job_id}: outcome")
-
-
-def gang_slot() -> str:
-    """This slot's name in ``job_nodes`` (worker/gang.py)."""
-    return f"{host_name()}-{os.getpid()}"
 
 
 def claim(job_id: str, settings: Settings, should_stop: Callable[[], bool] = lambda: False) -> Claimed | None:
     """Claim the job; its attempt, spec, estimate and what its run may read, or None when this delivery
     is not the one to run it. A job of several nodes is joined instead, and starts once its gang forms."""
     with session_scope(settings.database_url) as session:
-        nodes = session.execute(select(Job.nodes).where(Job.id == job_id)).scalar_one_or_none()
-    place = None
-    if nodes is not None and nodes > 1:
-        formed = gang.claim_gang(job_id, settings, should_stop=should_stop)
-        if formed is None:
-            return None
-        job_id, place = formed
-    with session_scope(settings.database_url) as session:
-        if place is not None:
+        attempt = claim_job(session, job_id, settings.lease_seconds, settings.max_running_per_owner)
+        if attempt is not None:
             job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
             reach = run_reach(settings, job.owner, job.reads_all_uploads)
-            return Claimed(place.attempt, dict(job.spec), job.estimate, reach, job_id, place)
-        attempt = claim_job(session, job_id, settings.lease_seconds, settings.max_running_per_owner)
-        if attempt is None:
-            status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
-            log.info("job %s not claimed (status %s): ignoring this delivery", job_id, status)
-            return None
+            return Claimed(attempt, dict(job.spec), job.estimate, reach, job_id)
+        row = session.execute(select(Job.status, Job.nodes).where(Job.id == job_id)).one_or_none()
+    if row is None or row.nodes <= 1 or row.status != JobStatus.queued.value:
+        log.info("job %s not claimed (status %s): ignoring this delivery", job_id, row and row.status)
+        return None
+    formed = gang.claim_gang(job_id, settings, should_stop=should_stop)
+    if formed is None:
+        return None
+    job_id, place = formed
+    with session_scope(settings.database_url) as session:
         job = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
-        return Claimed(attempt, dict(job.spec), job.estimate, run_reach(settings, job.owner, job.reads_all_uploads),
-                       job_id)  # fmt: skip
+        reach = run_reach(settings, job.owner, job.reads_all_uploads)
+        return Claimed(place.attempt, dict(job.spec), job.estimate, reach, job_id, place)
 
 
 def restart(

@@ -149,10 +149,15 @@ def run_env(gang: Gang) -> dict[str, str]:
     return {"GLOO_SOCKET_IFNAME": name} if name and name != "lo" else {}
 
 
+def slot_name() -> str:
+    """This slot's name in ``job_nodes``: its host and pid."""
+    return f"{host_name()}-{os.getpid()}"
+
+
 def this_member(settings: Settings) -> Member:
     host = host_name()
     address = advertise_address(settings)
-    return Member(slot=f"{host}-{os.getpid()}", worker=f"{host}-{os.getppid()}", host=host, pid=os.getpid(),
+    return Member(slot=slot_name(), worker=f"{host}-{os.getppid()}", host=host, pid=os.getpid(),
                   address=address, port=free_port(address, settings.rendezvous_ports))  # fmt: skip
 
 

@@ -32,6 +32,11 @@ def losses(client: httpx.Client, job_id: str) -> list[tuple[int, float]]:
     return [(p["step"], p["value"]) for p in poll_metrics(client, job_id, 120) if p["name"] == "loss"]
 
 
+def node_logs(client: httpx.Client, job_id: str) -> list[str]:
+    """Each node's own log (empty until its part ended)."""
+    return [client.get(f"/v1/jobs/{job_id}/logs", params={"node": node}).json()["text"] for node in (0, 1)]
+
+
 def runs_on(fleet: Fleet, name: str) -> list[int]:
     """The training processes alive on host ``name``."""
     host = next(host for host in fleet.worker_hosts if host.name == name)
@@ -58,9 +63,11 @@ def test_a_two_node_job_trains_as_one_node_of_two_processes_and_a_cancel_stops_b
         assert [step for step, _ in gang] == [step for step, _ in single] == list(range(1, 2 * STEPS_PER_EPOCH + 1))
         # the same world, batch and seed: the same run
         assert [loss for _, loss in gang] == pytest.approx([loss for _, loss in single], rel=1e-5)
-        # Each node's own log is kept; a node the job does not have is refused, naming the field.
-        logs = [client.get(f"/v1/jobs/{two_nodes}/logs", params={"node": node}).json()["text"] for node in (0, 1)]
-        assert all(logs) and logs[0] != logs[1], logs  # each node's own run's output
+        # Each node's own log is kept once its part ended (the other node's may end after the job's end
+        # was recorded); a node the job does not have is refused, naming the field.
+        wait_for("both nodes' logs", lambda: all(node_logs(client, two_nodes)), timeout=60)
+        logs = node_logs(client, two_nodes)
+        assert logs[0] != logs[1], logs  # each node's own run's output
         missing = client.get(f"/v1/jobs/{two_nodes}/logs", params={"node": 2})
         assert missing.status_code == 422 and missing.json()["errors"][0]["field"] == "node"
 
@@ -75,6 +82,10 @@ def test_a_two_node_job_trains_as_one_node_of_two_processes_and_a_cancel_stops_b
     wait_for("the cancel", lambda: fleet.job(long).status in TERMINAL, timeout=120)
     assert fleet.job(long).status == "cancelled"
     wait_for("both nodes' runs to stop", lambda: not any(runs_on(fleet, name) for name in hosts), timeout=60)
+    # The job's own log is its rank 0 node's: the other node, stopped too, did not store over it.
+    with fleet.client() as client:
+        wait_for("both nodes' logs", lambda: all(node_logs(client, long)), timeout=60)
+        assert client.get(f"/v1/jobs/{long}/logs").json()["text"] in node_logs(client, long)
 
 
 def test_a_lost_node_restarts_the_sharded_gang_from_the_store_with_exact_steps(

@@ -20,6 +20,7 @@ from service_core.status import ErrorReason, JobStatus
 from tests.api.test_jobs import drain_broker
 from trainer_core.launch import OTHER_NODE
 from worker import gang
+from worker.execute import claim_job
 from worker.gang import HELD, JOINED, Gang, Member
 from worker.outcome import RunOutcome
 from worker.recovery import recover_orphaned_jobs
@@ -217,3 +218,10 @@ def test_how_one_nodes_run_ending_ends_the_gangs_attempt() -> None:
     assert gang.node_outcome(oom) == oom  # the out-of-memory path keeps its own retry
     bad_data = RunOutcome(JobStatus.failed, ErrorReason.data_error)
     assert gang.node_outcome(bad_data) == bad_data  # a user's error never restarts
+
+
+def test_a_plain_claim_never_takes_a_job_of_several_nodes(db_settings: Settings, make_job: JobFactory) -> None:
+    job_id = gang_job(db_settings, make_job, 2)
+    with session_scope(db_settings.database_url) as session:
+        assert claim_job(session, job_id) is None  # a slot joins its gang instead (worker/execute.py:claim)
+    assert (load_job(db_settings, job_id).status, load_job(db_settings, job_id).attempts) == ("queued", 0)
