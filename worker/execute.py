@@ -203,6 +203,8 @@ def execute_attempt(
             uploader.finish(abort=lease.fenced.is_set())
         lease.stop()
     if lease.fenced.is_set():  # a newer attempt owns the job now: write nothing, upload nothing
+        if place is not None:  # but its own log, as node-K.log, which nothing else writes
+            store_node_log(job_id, settings, paths, place.node)
         return None
     if uploader is not None:
         store_checkpoint_events(settings, job_id, attempt, uploader.announcements(final=True))

@@ -406,10 +406,17 @@ def claim_gang(
         time.sleep(POLL_S)
 
 
+# Stops every node sees asked for (the job's flags): rank 0's node records them, the others only stop.
+USER_STOPS = frozenset({ErrorReason.cancelled, ErrorReason.paused})
+
+
 def node_outcome(outcome: RunOutcome) -> RunOutcome | None:
-    """How one node's run ending ends the job's attempt; None when it does not (a node without rank 0
-    whose ranks all finished: rank 0's node saves the model and records the end)."""
-    if outcome.status == JobStatus.succeeded and outcome.summary.get(OTHER_NODE):
+    """How one node's run ending ends the job's attempt; None when it does not: a node without rank 0
+    whose ranks all finished, or that stopped for a user's cancel or pause, leaves the end to rank 0's
+    node, which saves the model and the job's log and records it. (A node whose worker stops requeues
+    the job itself: the other nodes do not know.)"""
+    other = bool(outcome.summary.get(OTHER_NODE))
+    if other and (outcome.status == JobStatus.succeeded or outcome.stopped_by in USER_STOPS):
         return None
     if outcome.status != JobStatus.failed or outcome.reason == ErrorReason.out_of_memory:
         return outcome

@@ -298,7 +298,8 @@ def get_job(job: OwnedJob, session: SessionDep) -> JobOut:
         attempt = job.attempts if job.status == JobStatus.running.value else job.attempts + 1
         rows = session.execute(select(JobNode).where(JobNode.job_id == job.id, JobNode.attempt == attempt)
                                .order_by(JobNode.node, JobNode.joined_at)).scalars()  # fmt: skip
-        out.nodes = [NodeOut(node=row.node, host=row.host, worker=row.worker, address=row.address) for row in rows]
+        out.nodes = [NodeOut(node=row.node, host=row.host, worker=row.worker, address=row.address, port=row.port)
+                     for row in rows]  # fmt: skip
     return out
 
 

@@ -173,6 +173,7 @@ class NodeOut(BaseModel):
     host: str = Field(description="The worker host its slot runs on.")
     worker: str = Field(description="The worker (host and main process id) the slot belongs to.")
     address: str = Field(description="Where the other nodes reach it (TRAINJOBS_ADVERTISE_HOST).")
+    port: int = Field(description="The port it picked; node 0's `address:port` is the run's rendezvous endpoint.")
 
 
 class JobOut(JobSummary):

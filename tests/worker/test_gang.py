@@ -214,6 +214,15 @@ def test_how_one_nodes_run_ending_ends_the_gangs_attempt() -> None:
     stopped = RunOutcome(JobStatus.failed, ErrorReason.internal, stopped_by=ErrorReason.cancelled)
     cancelled = gang.node_outcome(stopped)
     assert cancelled is not None and (cancelled.status, cancelled.reason) == ("cancelled", "cancelled")
+    # a node without rank 0 leaves a cancel or pause to rank 0's node, but requeues when its own worker stops
+    for asked in (ErrorReason.cancelled, ErrorReason.paused):
+        for status in (JobStatus.succeeded, JobStatus.failed):
+            other = RunOutcome(status, summary={OTHER_NODE: "without rank 0"}, stopped_by=asked)
+            assert gang.node_outcome(other) is None
+    stopping = RunOutcome(JobStatus.failed, ErrorReason.internal, summary={OTHER_NODE: "without rank 0"},
+                          stopped_by=ErrorReason.shutdown_requeue)  # fmt: skip
+    requeued = gang.node_outcome(stopping)
+    assert requeued is not None and requeued.reason == ErrorReason.shutdown_requeue
     oom = RunOutcome(JobStatus.failed, ErrorReason.out_of_memory, stopped_by=ErrorReason.cancelled)
     assert gang.node_outcome(oom) == oom  # the out-of-memory path keeps its own retry
     bad_data = RunOutcome(JobStatus.failed, ErrorReason.data_error)
