@@ -12,7 +12,9 @@ still in flight. Nothing such a fenced-out attempt sends can change a checkpoint
 - its files go to a folder of its own (``<step>/attempt-<n>/``, named by the manifest), so a late
   write never overwrites the files of another attempt's checkpoint at the same step;
 - its manifest is written only right after the attempt renewed its lease, through a presigned PUT
-  that the store itself refuses once half a lease has passed (``commit_within_s``). No other attempt
+  that the store itself refuses once half a lease has passed since the renewal was asked
+  (``commit_within_s``, less whatever the renewal's answer took: one that arrives late renewed a
+  lease that may be gone). No other attempt
   can claim the job before the lease runs out, so a manifest delivered late is refused, never
   committed over a newer attempt's. This assumes the hosts' clocks agree to within that margin, as
   the leases themselves do. A store other than S3 gets a plain write, without that guarantee.
@@ -31,6 +33,7 @@ import logging
 import posixpath
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -117,8 +120,11 @@ class CheckpointStore:
 
         ``may_commit`` is asked right before each try at writing the manifest: False (the attempt was
         fenced out meanwhile) leaves the upload incomplete, so it never counts. ``commit_within_s``: the
-        manifest write is one the store refuses after that many seconds (see the module's docstring).
-        Returns whether it was committed.
+        manifest write is one the store refuses after that many seconds (see the module's docstring),
+        counted from when ``may_commit`` was asked: a renewal whose answer comes late (a host cut off
+        while it was in flight) renewed a lease that may have run out since, so the window shrinks by
+        the time it took, and a try with under a second left is not made. Returns whether it was
+        committed.
         """
         entries = describe_folder(folder)
         files = f"attempt-{attempt}" if attempt is not None else ""
@@ -130,12 +136,17 @@ class CheckpointStore:
         manifest = {"step": step, "attempt": attempt, "folder": files, "files": [vars(e) for e in entries]}
         data = json.dumps(manifest, indent=1).encode()
         for tried in range(1, COMMIT_TRIES + 1):
+            asked = time.monotonic()
             if not may_commit():
                 log.warning("job %s: checkpoint %d uploaded but not committed: attempt %s no longer owns the job",
                             self.job_id, step, attempt)  # fmt: skip
                 return False
+            left = None if commit_within_s is None else commit_within_s - (time.monotonic() - asked)
             try:
-                self._write_within(f"{target}/{MANIFEST}", data, commit_within_s)
+                if commit_within_s is not None and left is not None and left < 1:
+                    raise CommitRefused(f"the renewal took {commit_within_s - left:.1f} s of a {commit_within_s:g} s "
+                                        "window")  # fmt: skip
+                self._write_within(f"{target}/{MANIFEST}", data, left)
                 return True
             except (httpx.TimeoutException, CommitRefused) as exc:
                 if tried == COMMIT_TRIES:

@@ -206,3 +206,33 @@ def test_a_stale_attempts_late_writes_change_no_committed_checkpoint(store: Chec
     assert store.manifest(4)["attempt"] == 2
     fetched = store.download(4, tmp_path / "resume")  # every file as the newer attempt's manifest says
     assert (fetched / "optimizer.pt").read_bytes() == (ckpt / "optimizer.pt").read_bytes()
+
+
+def test_a_renewal_answered_late_commits_nothing_with_a_window_it_no_longer_has(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """A host cut off while its renewal was in flight gets the answer seconds later: the lease it renewed
+    may be gone and the job another attempt's. The commit window counts from when the renewal was
+    asked, so a late answer leaves too little of it and nothing is committed. (Found by the fleet's
+    cut-host test: a manifest signed after such an answer landed in the newer attempt's time.)"""
+    from service_core.checkpoints import COMMIT_TRIES, CommitRefused
+
+    asked: list[float] = []
+
+    def late() -> bool:
+        asked.append(time.monotonic())
+        time.sleep(1.6)  # the answer of a renewal sent before the cut, read after it
+        return True
+
+    with pytest.raises(CommitRefused, match="the renewal took"):
+        store.upload(fake_checkpoint(tmp_path / "late", 6), 6, attempt=1, may_commit=late, commit_within_s=2)
+    assert len(asked) == COMMIT_TRIES and store.steps() == []
+    # once a renewal answers in time, the rest of the window is the presigned PUT's
+    answers = iter([1.6, 0.0])
+
+    def then_fast() -> bool:
+        time.sleep(next(answers))
+        return True
+
+    assert store.upload(fake_checkpoint(tmp_path / "then", 8), 8, attempt=1, may_commit=then_fast, commit_within_s=2)
+    assert store.steps() == [8]
