@@ -1,6 +1,6 @@
 """The dashboard in headless Chromium against a live ``trainjobs dev``: log in, the list, a running
 job's live charts, memory bar and logs, cancel, a failed job's reason and attempts, the submit page's estimate
-and suggestions, compare. The tests run in file order and share one service (one worker slot runs
+and suggestions, compare, a multi-node job's gang. The tests run in file order and share one service (one worker slot runs
 the jobs one after another); every page also fails on console errors and requests off 127.0.0.1.
 """
 
@@ -224,3 +224,30 @@ def test_compare_overlays_two_jobs_and_lists_differing_fields(
     page.click("#nav a[data-view=jobs]")
     expect(page.locator(f"tr[data-job-id='{jobs['submitted']}'] svg.spark polyline")).to_have_count(1)
     shot(page, "11-job-list-later")
+
+
+def test_a_multi_node_jobs_page_shows_its_gang(page: Page, dev: DevService, files: dict[str, str], shot: Shot) -> None:
+    """A job of two nodes whose gang is forming (rows as worker/gang.py writes them; held, so the one
+    worker of `trainjobs dev` never takes it): the job page lists each joined slot's host and worker."""
+    from service_core.db.base import utcnow
+    from service_core.db.models import Job, JobNode
+    from service_core.db.session import session_scope
+    from service_core.settings import Settings
+
+    settings = Settings.model_validate({"TRAINJOBS_HOME": str(dev.home)})
+    with session_scope(settings.database_url) as session:
+        spec = {**tiny(files, "two-nodes", epochs=1), "resources": {"num_nodes": 2}}
+        job = Job(owner="alice", name="two-nodes", spec=spec, nodes=2, waiting_reason="waiting: needs 2 nodes",
+                  enqueued_at=None)  # fmt: skip
+        session.add(job)
+        session.flush()
+        for host, address in (("gpu-a", "10.0.0.5"), ("gpu-b", "10.0.0.6")):
+            session.add(JobNode(job_id=job.id, slot=f"{host}-41", worker=f"{host}-40", host=host, pid=41, attempt=1,
+                                address=address, port=29400, lease_expires_at=utcnow()))  # fmt: skip
+        job_id = job.id
+    log_in(page, dev, f"#/jobs/{job_id}")
+    nodes = page.locator("[data-nodes] dd")
+    expect(nodes).to_have_count(2)
+    expect(nodes.nth(0)).to_contain_text("gpu-a")
+    expect(nodes.nth(1)).to_contain_text("gpu-b-40, reached at 10.0.0.6")
+    shot(page, "09-job-nodes")
