@@ -1,7 +1,8 @@
 """The dashboard in headless Chromium against a live ``trainjobs dev``: log in, the list, a running
 job's live charts, memory bar and logs, cancel, a failed job's reason and attempts, the submit page's estimate
-and suggestions, compare, a multi-node job's gang. The tests run in file order and share one service (one worker slot runs
-the jobs one after another); every page also fails on console errors and requests off 127.0.0.1.
+and suggestions, compare, a multi-node job's gang. The tests run in file order and share one service (one
+worker slot runs the jobs one after another); every page also fails on console errors and requests off
+127.0.0.1.
 """
 
 from __future__ import annotations
