@@ -52,10 +52,7 @@ def plan(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None, max
 
 def queue_workers(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> int:
     """Live workers serving ``queue``: the nodes a job of it may span (worker/gang.py takes one slot each)."""
-    live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
-    with sessions() as session:
-        served = session.execute(select(WorkerHeartbeat.queues).where(WorkerHeartbeat.heartbeat_at >= live_after))
-        return sum(1 for (queues,) in served if queue in (queues or []))
+    return len(live_workers(queue, settings, sessions))
 
 
 def budget_for(spec: JobSpec, queue: str, settings: Settings) -> float | None:
@@ -82,16 +79,22 @@ def auto_budget(spec: JobSpec, queue: str, settings: Settings, sessions: session
     return Budget(here.gb, f"{here.source}; no worker of queue {queue} has reported", cpu=here.cpu)
 
 
-def live_devices(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[tuple[float, str | None]]:
-    """``(memory GB, "gpu" or "cpu")`` of each live worker of ``queue`` that reported its device."""
+def live_workers(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[Any]:
+    """The heartbeat rows (queues, device) of the live workers serving ``queue``."""
     live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
     with sessions() as session:
         rows = session.execute(
             select(WorkerHeartbeat.queues, WorkerHeartbeat.device_memory_gb, WorkerHeartbeat.device_kind).where(
-                WorkerHeartbeat.heartbeat_at >= live_after, WorkerHeartbeat.device_memory_gb.is_not(None)
+                WorkerHeartbeat.heartbeat_at >= live_after
             )
         ).all()
-    return [(row.device_memory_gb, row.device_kind) for row in rows if queue in (row.queues or [])]
+    return [row for row in rows if queue in (row.queues or [])]
+
+
+def live_devices(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[tuple[float, str | None]]:
+    """``(memory GB, "gpu" or "cpu")`` of each live worker of ``queue`` that reported its device."""
+    return [(row.device_memory_gb, row.device_kind) for row in live_workers(queue, settings, sessions)
+            if row.device_memory_gb is not None]  # fmt: skip
 
 
 def liger_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[FieldError]:

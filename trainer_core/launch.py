@@ -50,7 +50,17 @@ class Rendezvous:
     local_addr: str | None = None
     is_host: bool | None = None
 
+    def cli_args(self) -> list[str]:
+        """The same rendezvous as ``python -m trainer_core`` arguments (trainer_core/cli.py reads them)."""
+        args = ["--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id]
+        if self.local_addr is not None:
+            args += ["--rdzv-local-addr", self.local_addr]
+        if self.is_host is not None:
+            args.append("--rdzv-host" if self.is_host else "--no-rdzv-host")
+        return args
+
     def args(self, nodes: int) -> list[str]:
+        """torchrun's arguments for this node."""
         args = [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}",
                 f"--rdzv-id={self.run_id}"]  # fmt: skip
         if self.is_host is not None:

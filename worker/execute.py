@@ -7,7 +7,6 @@ for a job that is running elsewhere or already finished changes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -125,8 +124,11 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
         return execute_attempt(job_id, settings, claimed, should_stop)
     finally:
         if claimed.gang is not None:  # this node's place goes with its attempt
-            with contextlib.suppress(Exception), session_scope(settings.database_url) as session:
-                gang.release(session, job_id, gang.slot_name())
+            try:
+                with session_scope(settings.database_url) as session:
+                    gang.release(session, job_id, gang.slot_name())
+            except Exception:  # a stale row is removed by the next gang's join
+                log.exception("job %s: releasing this node's place failed", job_id)
         if settings.max_running_per_owner > 0:  # a place under the cap may be free: send who waits for it
             try:
                 resend_waiting(settings)
@@ -340,14 +342,17 @@ def pause_after_stop(job_id: str, settings: Settings, paths: RunPaths, attempt: 
     return str(current)
 
 
+def store_log(store: ArtifactStore, job_id: str, paths: RunPaths, name: str) -> None:
+    """The run's log into the job's artifacts as ``name`` (when the run wrote one)."""
+    if paths.log_file.is_file():
+        store.fs.makedirs(store.job_dir(job_id), exist_ok=True)
+        store.fs.put_file(str(paths.log_file), f"{store.job_dir(job_id)}/{name}")
+
+
 def store_node_log(job_id: str, settings: Settings, paths: RunPaths, node: int) -> None:
     """Keep one node's run log beside the job's (``GET /v1/jobs/{id}/logs?node=K``); failures are logged."""
-    store = ArtifactStore(settings.artifacts_root)
     try:
-        if paths.log_file.is_file():
-            target = f"{store.job_dir(job_id)}/{node_log_name(node)}"
-            store.fs.makedirs(store.job_dir(job_id), exist_ok=True)
-            store.fs.put_file(str(paths.log_file), target)
+        store_log(ArtifactStore(settings.artifacts_root), job_id, paths, node_log_name(node))
     except OSError:
         log.exception("job %s: storing node %d's log failed", job_id, node)
 
@@ -358,9 +363,6 @@ def store_artifacts(job_id: str, settings: Settings, paths: RunPaths) -> None:
     try:
         if paths.output_dir.is_dir():
             store.upload_dir(job_id, paths.output_dir, skip=(CHECKPOINT_PREFIX,))
-        if paths.log_file.is_file():
-            target = f"{store.job_dir(job_id)}/{RUN_LOG_NAME}"
-            store.fs.makedirs(store.job_dir(job_id), exist_ok=True)
-            store.fs.put_file(str(paths.log_file), target)
+        store_log(store, job_id, paths, RUN_LOG_NAME)
     except OSError:
         log.exception("job %s: storing artifacts failed", job_id)

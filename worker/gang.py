@@ -216,6 +216,12 @@ def join(session: Session, job_id: str, member: Member, lease_s: float) -> str:
 
 def form(session: Session, job_id: str, lease_s: float) -> bool:
     """Start the job when its gang is complete: number the nodes, ``queued -> running``."""
+    # Every waiting member calls this each poll: a plain count first, the lock only when it may form.
+    looked = session.execute(select(Job.nodes, func.count(JobNode.slot)).join(JobNode, JobNode.job_id == Job.id)
+                             .where(Job.id == job_id, Job.status == JobStatus.queued.value,
+                                    JobNode.attempt == Job.attempts + 1).group_by(Job.nodes)).first()  # fmt: skip
+    if looked is None or looked[1] < looked[0]:
+        return False
     job = _lock(session, job_id)
     if job is None or job.status != JobStatus.queued.value:
         return False
@@ -351,6 +357,7 @@ def claim_gang(
         return None
     log.info("job %s: joined its gang as %s", job_id, member.slot)
     recruited = False
+    renew_at = time.monotonic() + settings.lease_renew_seconds
     while True:
         with session_scope(settings.database_url) as session:
             formed = form(session, job_id, settings.lease_seconds)
@@ -371,8 +378,11 @@ def claim_gang(
             stopping = should_stop()
             expired = is_held(job) or (deadline is not None and utcnow() >= deadline)
             older = None if expired or formed else older_gang(session, job_id, member)
-            session.execute(update(JobNode).where(JobNode.job_id == job_id, JobNode.slot == member.slot)
-                            .values(lease_expires_at=utcnow() + timedelta(seconds=settings.lease_seconds)))  # fmt: skip
+            if time.monotonic() >= renew_at:  # this slot's place, on the lease's own cadence
+                renew_at = time.monotonic() + settings.lease_renew_seconds
+                expires = utcnow() + timedelta(seconds=settings.lease_seconds)
+                session.execute(update(JobNode).where(JobNode.job_id == job_id, JobNode.slot == member.slot)
+                                .values(lease_expires_at=expires))  # fmt: skip
         if stopping:  # the worker stops: this slot's place goes, the gang waits for another
             with session_scope(settings.database_url) as session:
                 if not leave(session, job_id, member.slot):

@@ -57,11 +57,7 @@ def train_args(paths: RunPaths, *, resume: bool, rendezvous: Rendezvous | None =
     if paths.reach is not None:
         args += paths.reach.args()
     if rendezvous is not None:
-        args += ["--rdzv-endpoint", rendezvous.endpoint, "--rdzv-id", rendezvous.run_id]
-        if rendezvous.local_addr is not None:
-            args += ["--rdzv-local-addr", rendezvous.local_addr]
-        if rendezvous.is_host is not None:
-            args.append("--rdzv-host" if rendezvous.is_host else "--no-rdzv-host")
+        args += rendezvous.cli_args()
     return args
 
 
