@@ -90,6 +90,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     pytest 9 its ``xdist_group`` marks no longer reach the node ids, so it groups nothing.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    # xdist reorders scopes by their number of tests unless told not to; that put the one-test heavy
+    # units (the chaos bench, the fresh clone) last, and their minutes ran on one core at the end.
+    config.option.loadscopereorder = False
+
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)
