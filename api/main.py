@@ -52,9 +52,12 @@ from service_core.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
 
+# The busiest first: a request is matched against each route in turn (no two routers share a path),
+# and an estimate, behind 22 routes, spent a sixth of its time in routing. The estimates' four routes
+# go before the jobs' six, which a submit then passes at a cost of four matches.
 ROUTERS: list[APIRouter] = [
     health.router,
-    dashboard.router,
+    estimates.router,
     jobs.router,
     events.router,
     metrics.router,
@@ -63,10 +66,10 @@ ROUTERS: list[APIRouter] = [
     downloads.router,
     checkpoints.router,
     datasets.router,
-    estimates.router,
     keys.router,
     usage.router,
     webhooks.router,
+    dashboard.router,
 ]
 
 # Threads each API process runs blocking request work on (anyio's default: 40). The work is short

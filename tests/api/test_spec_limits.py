@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.spec_limits import MAX_DEPTH
+from api.spec_limits import MAX_DEPTH, document_errors, within_bounds
 from service_core.db.models import Job
 from service_core.settings import Settings
 from tests.api.conftest import Keys, make_spec
@@ -63,6 +63,19 @@ def test_deep_nesting_is_422_naming_the_field(client: TestClient, keys: Keys, se
     spec["model"]["config"]["extra"] = nested(5)
     assert client.post("/v1/jobs", json=spec, headers=keys.auth(keys.alice)).status_code == 201
     assert session.execute(select(func.count()).select_from(Job)).scalar_one() == 1
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        nested(MAX_DEPTH), nested(MAX_DEPTH + 1), {"a": [[1.0, [2]]]}, [nested(MAX_DEPTH - 1)], [nested(MAX_DEPTH)],
+        {"x": float("inf")}, {"x": [1.0, float("nan")]}, {"k\u0000": 1}, {"a": ["ok", "n\u0000"]}, {"a": {}, "b": []},
+    ],
+)  # fmt: skip
+def test_the_quick_bounds_check_agrees_with_the_walk_that_names_fields(doc: Any) -> None:
+    """Requests pass through the path-free check; only a document it refuses is walked for field names,
+    so the two must agree at every bound (depth exactly at the limit, NULs in keys and lists, non-finite)."""
+    assert within_bounds(doc) == (document_errors(doc) == [])
 
 
 def test_lists_carry_no_specs_but_a_job_does(client: TestClient, keys: Keys) -> None:

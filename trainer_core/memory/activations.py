@@ -118,21 +118,27 @@ def _conv_out(length: int, kernel: int, stride: int) -> int:
 
 def encoder_shapes(structure: ModelStructure, s: int) -> list[LayerShape]:
     """The transformer layers of a text, ViT or audio encoder (or decoder) at sequence length ``s``."""
+    # The layer's dimensions are read from the config once per structure: a config attribute read
+    # costs microseconds (transformers' __getattribute__), a dozen of them a warm estimate's tenth.
+    layer, layers = structure.memoized("layer_shape", lambda: _layer_shape(structure))
+    # DeBERTa's disentangled attention adds a c2p / p2c score matrix per position type (approximation).
+    span = s * layer.score_span
+    return [dataclasses.replace(layer, s=s, score_span=span)] * layers
+
+
+def _layer_shape(structure: ModelStructure) -> tuple[LayerShape, int]:
+    """One layer at ``s = 1`` (``score_span``: the spans per position) and the number of layers."""
     c = structure.config
     h = int(config_value(c, "hidden_size", "d_model", "n_embd", "dim"))
     layers = int(config_value(c, "num_hidden_layers", "encoder_layers", "n_layer", "n_layers"))
     a = int(config_value(c, "num_attention_heads", "encoder_attention_heads", "n_head", "n_heads"))
     inter = int(config_value(c, "intermediate_size", "encoder_ffn_dim", "n_inner", "hidden_dim", default=4 * h))
     kv = int(config_value(c, "num_key_value_heads", default=a))
-    gated = structure.memoized("gated_mlp", lambda: any(".gate_proj." in t.name for t in structure.tensors))
+    gated = any(".gate_proj." in t.name for t in structure.tensors)
     scores = structure.attn_implementation == "eager"
-    # DeBERTa's disentangled attention adds a c2p / p2c score matrix per position type (approximation).
-    span = s * (1 + len(getattr(c, "pos_att_type", None) or [])) if structure.model_type == "deberta-v2" else s
-    rms = structure.memoized(  # Llama-style RMSNorm
-        "rms_norm", lambda: any(t.name.endswith("input_layernorm.weight") for t in structure.tensors)
-    )
-    shape = LayerShape(s, h, a, inter, kv / a, gated, scores, span, _has_dropout(structure), rms)
-    return [shape] * layers
+    spans = 1 + len(getattr(c, "pos_att_type", None) or []) if structure.model_type == "deberta-v2" else 1
+    rms = any(t.name.endswith("input_layernorm.weight") for t in structure.tensors)  # Llama-style RMSNorm
+    return LayerShape(1, h, a, inter, kv / a, gated, scores, spans, _has_dropout(structure), rms), layers
 
 
 def _swin_shapes(structure: ModelStructure, image: int) -> list[LayerShape]:
