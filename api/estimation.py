@@ -11,7 +11,6 @@ import logging
 import math
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -19,8 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.problems import Problem
 from service_core.db import Job
-from service_core.db.base import utcnow
-from service_core.db.models import WorkerHeartbeat
+from service_core.db.models import live_workers
 from service_core.settings import Settings
 from service_core.status import JobStatus
 from trainer_core.auto import Budget
@@ -52,7 +50,8 @@ def plan(spec: JobSpec, gpu_memory_gb: float, *, devices: int | None = None, max
 
 def queue_workers(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> int:
     """Live workers serving ``queue``: the nodes a job of it may span (worker/gang.py takes one slot each)."""
-    return len(live_workers(queue, settings, sessions))
+    with sessions() as session:
+        return len(live_workers(session, settings.lease_seconds, queue))
 
 
 def budget_for(spec: JobSpec, queue: str, settings: Settings) -> float | None:
@@ -79,22 +78,11 @@ def auto_budget(spec: JobSpec, queue: str, settings: Settings, sessions: session
     return Budget(here.gb, f"{here.source}; no worker of queue {queue} has reported", cpu=here.cpu)
 
 
-def live_workers(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[Any]:
-    """The heartbeat rows (queues, device) of the live workers serving ``queue``."""
-    live_after = utcnow() - timedelta(seconds=settings.lease_seconds)
-    with sessions() as session:
-        rows = session.execute(
-            select(WorkerHeartbeat.queues, WorkerHeartbeat.device_memory_gb, WorkerHeartbeat.device_kind).where(
-                WorkerHeartbeat.heartbeat_at >= live_after
-            )
-        ).all()
-    return [row for row in rows if queue in (row.queues or [])]
-
-
 def live_devices(queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[tuple[float, str | None]]:
     """``(memory GB, "gpu" or "cpu")`` of each live worker of ``queue`` that reported its device."""
-    return [(row.device_memory_gb, row.device_kind) for row in live_workers(queue, settings, sessions)
-            if row.device_memory_gb is not None]  # fmt: skip
+    with sessions() as session:
+        rows = live_workers(session, settings.lease_seconds, queue)
+    return [(row.device_memory_gb, row.device_kind) for row in rows if row.device_memory_gb is not None]
 
 
 def liger_errors(spec: JobSpec, queue: str, settings: Settings, sessions: sessionmaker[Session]) -> list[FieldError]:

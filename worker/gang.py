@@ -49,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from service_core.db.base import as_utc, utcnow
 from service_core.db.jobstore import fence, transition
-from service_core.db.models import Job, JobNode, WorkerHeartbeat
+from service_core.db.models import Job, JobNode, live_workers
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
@@ -272,12 +272,7 @@ def release(session: Session, job_id: str, slot: str) -> None:
 
 def free_workers(session: Session, queue: str, lease_s: float) -> tuple[int, int]:
     """Live workers of ``queue``: how many have a free slot, and how many there are."""
-    live_after = utcnow() - timedelta(seconds=lease_s)
-    rows = session.execute(
-        select(WorkerHeartbeat.queues, WorkerHeartbeat.slots, WorkerHeartbeat.busy)
-        .where(WorkerHeartbeat.heartbeat_at >= live_after)
-    ).all()  # fmt: skip
-    serving = [row for row in rows if queue in (row.queues or [])]
+    serving = live_workers(session, lease_s, queue)
     return sum(1 for row in serving if row.slots > row.busy), len(serving)
 
 

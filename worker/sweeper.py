@@ -35,7 +35,7 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from service_core.db.base import utcnow
-from service_core.db.models import Job, Lease, WorkerHeartbeat
+from service_core.db.models import Job, Lease, WorkerHeartbeat, live_workers
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from service_core.status import JobStatus
@@ -105,12 +105,11 @@ def forget_worker(settings: Settings, name: str) -> None:
 
 def idle_slots_by_queue(settings: Settings, now: datetime) -> tuple[set[str], Counter[str]]:
     """Queues some live worker consumes, and per queue the slots idle for two heartbeats or more."""
-    live_after = now - timedelta(seconds=settings.lease_seconds)
     idle_before = now - timedelta(seconds=2 * settings.lease_renew_seconds)
     with session_scope(settings.database_url) as session:
         # Rows of workers gone for good go (a stopping worker deletes its own).
         session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.heartbeat_at < now - timedelta(hours=1)))
-        workers = session.execute(select(WorkerHeartbeat).where(WorkerHeartbeat.heartbeat_at >= live_after)).scalars()
+        workers = live_workers(session, settings.lease_seconds, now=now)
         served: set[str] = set()
         idle: Counter[str] = Counter()
         for worker in workers:

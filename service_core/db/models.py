@@ -5,7 +5,7 @@ The database is the source of truth for job state; the broker only carries job i
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -18,8 +18,9 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    select,
 )
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from service_core.db.base import Base, new_id, utcnow
 from service_core.status import JobStatus
@@ -190,6 +191,17 @@ class WorkerHeartbeat(Base):
     device_kind: Mapped[str | None] = mapped_column(String(8), default=None)
     # Where the other nodes of a multi-node job reach this worker's (TRAINJOBS_ADVERTISE_HOST, worker/gang.py).
     address: Mapped[str | None] = mapped_column(String(256), default=None)
+
+
+def live_workers(
+    session: Session, lease_seconds: float, queue: str | None = None, now: datetime | None = None
+) -> list[WorkerHeartbeat]:
+    """The workers the service counts as live (a heartbeat within a lease), those serving ``queue`` if
+    given: one reading for the sweep, a gang's wait and the API's device budget and node count."""
+    live_after = (now or utcnow()) - timedelta(seconds=lease_seconds)
+    rows = session.execute(select(WorkerHeartbeat).where(WorkerHeartbeat.heartbeat_at >= live_after)).scalars()
+    # queues is a JSON list: filtered here, the same on SQLite and PostgreSQL (a handful of rows)
+    return [row for row in rows if queue is None or queue in (row.queues or [])]
 
 
 class JobNode(Base):
