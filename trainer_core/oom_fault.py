@@ -10,6 +10,8 @@ nothing is installed.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,19 +20,18 @@ from torch import nn
 FAULT_OOM_ENV = "TRAINJOBS_FAULT_OOM_ABOVE_MICROBATCH"
 # The input layers of every supported model: the first module a micro-batch meets in a forward.
 _INPUT_LAYERS = (nn.Embedding, nn.Conv1d, nn.Conv2d)
-_installed_limit: int | None = None  # the fault hook is process-wide, like the setting that asks for it
 
 
-def install_oom_fault() -> None:
-    """Install the testing fault when ``TRAINJOBS_FAULT_OOM_ABOVE_MICROBATCH`` is set (see module docstring)."""
+@contextmanager
+def oom_fault() -> Iterator[None]:
+    """The testing fault for the block, when ``TRAINJOBS_FAULT_OOM_ABOVE_MICROBATCH`` is set (see module
+    docstring). Removed when the block ends: the hook is process-wide, and one left behind failed every
+    later run of the process (another test's in-process run, with the setting long gone)."""
     limit_text = os.environ.get(FAULT_OOM_ENV)
     if not limit_text:
+        yield
         return
-    global _installed_limit
     limit = int(limit_text)
-    if _installed_limit == limit:  # once per process: hooks are global
-        return
-    _installed_limit = limit
 
     def check(module: nn.Module, args: tuple[Any, ...]) -> None:
         # Training forwards only (evaluation runs in eval mode or without gradients).
@@ -41,4 +42,8 @@ def install_oom_fault() -> None:
                 f"CUDA out of memory (fault injected by {FAULT_OOM_ENV}={limit}: micro-batch {args[0].shape[0]})"
             )
 
-    nn.modules.module.register_module_forward_pre_hook(check)
+    handle = nn.modules.module.register_module_forward_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -22,7 +22,7 @@ from trainer_core.failures import failure_reason, failure_summary
 from trainer_core.init_from import init_source
 from trainer_core.launch import Rendezvous
 from trainer_core.nan_guard import nan_guard
-from trainer_core.oom_fault import install_oom_fault
+from trainer_core.oom_fault import oom_fault
 from trainer_core.path_guard import Reach, check_reach
 from trainer_core.spec import FieldError, JobSpec, SpecError, untrainable_errors
 from trainer_core.stopping import StopSignal
@@ -196,7 +196,6 @@ def _train_here(
     reach: Reach | None,
 ) -> RunStatus:
     """Train in this process (the only one, or one torchrun rank); emits ``done`` through ``sink``."""
-    install_oom_fault()  # a testing aid; does nothing unless its environment setting is present
     main = int(os.environ.get("RANK", "0")) == 0
     guarded = deadline_guard(nan_guard(sink, spec.training.nan_patience), spec.resources.max_runtime_minutes)
     gated = guarded if main else _discard
@@ -205,7 +204,8 @@ def _train_here(
         _reset_accelerate_state()
     status: RunStatus = "failed"
     try:
-        with StopSignal(stop_file) as stop:
+        # oom_fault: a testing aid, nothing unless its environment setting is present
+        with oom_fault(), StopSignal(stop_file) as stop:
             status, summary = _train(spec, output_dir, gated, stop, resume, cache_dir, reach)
     except SpecError as exc:
         gated(make_event("done", status="failed", summary=failure_summary(exc)))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.trainer_core.datagen import tiny_text_spec
 from tests.trainer_core.runhelpers import done_event, run, text_spec
@@ -141,3 +142,7 @@ def test_an_auto_batch_trains_under_the_fault_aid_at_the_estimators_limit(
     assert recorded["auto"] == [] and recorded["learning_rate"] == auto_learning_rate(
         with_values(spec, {"per_device_train_batch_size": 16})
     )[0]
+    # The fault ended with the run (its setting still present): a later training forward of this
+    # process, larger than 16, runs. A hook left behind had failed the next test's in-process run.
+    embedding = torch.nn.Embedding(8, 2).train()
+    assert embedding(torch.zeros(32, 3, dtype=torch.long)).shape == (32, 3, 2)
