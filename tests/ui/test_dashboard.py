@@ -229,7 +229,8 @@ def test_compare_overlays_two_jobs_and_lists_differing_fields(
 
 def test_a_multi_node_jobs_page_shows_its_gang(page: Page, dev: DevService, files: dict[str, str], shot: Shot) -> None:
     """A job of two nodes whose gang is forming (rows as worker/gang.py writes them; held, so the one
-    worker of `trainjobs dev` never takes it): the job page lists each joined slot's host and worker."""
+    worker of `trainjobs dev` never takes it): the job page says why it has not started and lists each
+    joined slot's host and worker."""
     from service_core.db.base import utcnow
     from service_core.db.models import Job, JobNode
     from service_core.db.session import session_scope
@@ -251,4 +252,5 @@ def test_a_multi_node_jobs_page_shows_its_gang(page: Page, dev: DevService, file
     expect(nodes).to_have_count(2)
     expect(nodes.nth(0)).to_contain_text("gpu-a")
     expect(nodes.nth(1)).to_contain_text("gpu-b-40, reached at 10.0.0.6")
+    expect(page.locator("[data-waiting]")).to_contain_text("waiting: needs 2 nodes")
     shot(page, "09-job-nodes")

@@ -36,6 +36,13 @@ function failurePanel(job) {
     job.error.message || job.status === "failed" ? el("pre.message", {}, job.error.message || "(no message)") : null);
 }
 
+// Why a queued job has not started (its owner's running cap, a gang still forming or waiting for
+// free workers): the API's `waiting`, null otherwise.
+function waitingPanel(job) {
+  if (!job.waiting) return null;
+  return el("div.waiting", { dataset: { waiting: "" } }, el("div.reason", {}, "Not started yet"), el("p", {}, job.waiting));
+}
+
 function cancelControl(job, refresh) {
   if (isFinished(job)) return null;
   const box = el("span.cancel");
@@ -115,7 +122,7 @@ export async function mountJob(root, id, signal) {
         el("a.button", { href: `#/compare/${job.id}` }, "Compare…")));
   }
   function renderBody() {
-    failure.replaceChildren(...[failurePanel(job)].filter(Boolean));
+    failure.replaceChildren(...[failurePanel(job), waitingPanel(job)].filter(Boolean));
     const latest = Object.entries(job.final_metrics || job.latest_metrics || {}).filter(([, v]) => typeof v === "number");
     overview.replaceChildren(...[progressBlock(job),
       el("div.card", {}, el("h3", {}, "Memory"), memoryPanel(job)),
