@@ -68,7 +68,7 @@ def unit_of(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each item its own node id; under xdist, heaviest units first (a stable sort: each unit keeps its
-    tests' order)."""
+    tests' order), which xdist's order by test count keeps among units of as many tests."""
     for item in items:
         # schemathesis names each operation's item `test[GET /path]`, but on pytest 9 the node id lacks
         # that suffix, so all 34 share one: xdist, which tells items apart by node id, ran one of them.
