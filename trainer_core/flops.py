@@ -72,8 +72,8 @@ class SampleFlops:
     precompute: int = 0  # DPO `reference: precomputed`: the reference forward, once per row before training
 
 
-def _per_sample(name: str, structure: ModelStructure) -> bool:
-    if structure.model_type in _DECODER_TYPES or getattr(structure.config, "is_decoder", False):
+def _per_sample(name: str, decoder: bool) -> bool:
+    if decoder:
         return False
     parts = name.split(".")
     return parts[0] in CLASSIFIER_HEADS or "pooler" in parts
@@ -95,8 +95,10 @@ def sample_flops(structure: ModelStructure, spec: JobSpec, tokens: int | None = 
     if adapter is not None and structure.task != "causal-lm":  # PEFT trains the head (modules_to_save)
         trained_weights = {t.name for t in structure.tensors if t.name.startswith(CLASSIFIER_HEADS)}
     forward = backward = layers_forward = lora_forward = 0
+    # Read once: a transformers config attribute read goes through its __getattribute__ (slow, per Linear).
+    decoder = structure.model_type in _DECODER_TYPES or bool(getattr(structure.config, "is_decoder", False))
     for info in structure.linears:
-        positions = 1 if _per_sample(info.name, structure) else s
+        positions = 1 if _per_sample(info.name, decoder) else s
         mac = info.in_features * info.out_features * positions
         forward += 2 * mac
         backward += 2 * mac + (2 * mac if info.weight in trained_weights else 0)
