@@ -7,8 +7,6 @@ uses ``api.main:create_app`` as a factory. Routers are a list, so adding one is 
 from __future__ import annotations
 
 import asyncio
-import gc
-import importlib
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -49,6 +47,7 @@ from service_core.artifacts import ArtifactStore
 from service_core.db.session import make_engine
 from service_core.keys import ensure_bootstrap_key
 from service_core.settings import Settings, get_settings
+from trainer_core.preimport import preimport
 
 logger = logging.getLogger(__name__)
 
@@ -97,15 +96,12 @@ API_POOL_SIZE = API_THREADS + UPLOAD_THREADS + STREAM_THREADS + READY_THREADS + 
 def _warm_up(done: threading.Event) -> None:
     # The estimator imports torch and transformers, enqueueing imports Celery (seconds, once): do it
     # at start, off the event loop, rather than in the first submit.
-    for module in ("trainer_core.memory", "trainer_core.preflight", "service_core.queue"):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            logger.exception("warm-up import of %s failed", module)
     # Those imports leave ~1M long-lived objects that every full collection would walk again (a
-    # stall of 100+ ms every few hundred requests, which set the submit p99). Freezing moves them
-    # out of the collector's generations; objects made later are collected as usual.
-    gc.freeze()
+    # stall of 100+ ms every few hundred requests, which set the submit p99). preimport pauses the
+    # collector while importing and then freezes them out of its generations; objects made later
+    # are collected as usual.
+    for module, exc in preimport(("trainer_core.memory", "trainer_core.preflight", "service_core.queue")).items():
+        logger.error("warm-up import of %s failed", module, exc_info=exc)
     done.set()
 
 

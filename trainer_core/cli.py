@@ -19,6 +19,7 @@ from typing import Any
 from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, Event, EventSink, make_event, stream_sink
 from trainer_core.launch import Rendezvous
 from trainer_core.path_guard import add_reach_arguments, check_reach, reach_from
+from trainer_core.preimport import preimport, run_modules
 from trainer_core.spec import SpecError, load_spec_file
 
 
@@ -95,10 +96,6 @@ def rendezvous_from(args: argparse.Namespace, name: str) -> Rendezvous | None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Validate the spec, preflight it, train it, and map the outcome to an exit status."""
-    from trainer_core.failures import failure_summary
-    from trainer_core.preflight import preflight
-    from trainer_core.run import train_job  # torch loads here, not when the CLI builds its parser
-
     try:
         spec = load_spec_file(args.spec)
     except SpecError as exc:
@@ -106,6 +103,12 @@ def run_train(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"spec: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
         return EXIT_INVALID_SPEC
+    # torch loads here, not when the CLI builds its parser; all at once, the collector paused.
+    preimport(("trainer_core.failures", "trainer_core.preflight", *run_modules(spec)))
+    from trainer_core.failures import failure_summary
+    from trainer_core.preflight import preflight
+    from trainer_core.run import train_job
+
     bar = None if args.jsonl else ProgressBar()
     sink: EventSink = stream_sink(sys.stdout) if bar is None else bar
     reach = reach_from(args)

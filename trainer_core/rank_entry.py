@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainer_core.events import EXIT_INVALID_SPEC, RUN_EXIT_CODES, stream_sink
 from trainer_core.path_guard import add_reach_arguments, reach_from
-from trainer_core.run import train_job
+from trainer_core.preimport import preimport, run_modules
 from trainer_core.spec import SpecError, load_spec_file
 
 
@@ -32,8 +32,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     emit = stream_sink(sys.stdout) if int(os.environ.get("RANK", "0")) == 0 else None
     try:
-        status = train_job(load_spec_file(args.spec), args.output_dir, emit=emit, resume=args.resume,
-                           stop_file=args.stop_file, cache_dir=args.cache_dir, reach=reach_from(args))
+        spec = load_spec_file(args.spec)
+    except SpecError:
+        return EXIT_INVALID_SPEC
+    preimport(run_modules(spec))  # torch, transformers and the backend, the collector paused
+    from trainer_core.run import train_job
+
+    try:
+        status = train_job(spec, args.output_dir, emit=emit, resume=args.resume, stop_file=args.stop_file,
+                           cache_dir=args.cache_dir, reach=reach_from(args))
     except SpecError:
         return EXIT_INVALID_SPEC
     return RUN_EXIT_CODES[status]

@@ -70,13 +70,12 @@ def unsafe_to_fork() -> str | None:
 
 def preimport() -> str | None:
     """Import what runs need; returns why this process cannot serve runs, or None."""
-    import importlib
+    from trainer_core.preimport import preimport
 
-    for name in PREIMPORTS:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a run that needs it reports the error itself, in its own process
-            print(f"worker.zygote: {name} not preimported: {type(exc).__name__}: {exc}", file=sys.stderr)
+    # The collector paused while importing, then everything frozen: forked runs also leave the pages
+    # they share with this process alone (no collector bits written into them).
+    for name, exc in preimport(PREIMPORTS).items():  # a run that needs it reports the error in its own process
+        print(f"worker.zygote: {name} not preimported: {type(exc).__name__}: {exc}", file=sys.stderr)
     return unsafe_to_fork()
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from trainer_core.backends.context import BackendResult, RunContext
 
-__all__ = ["BackendResult", "RunContext", "run_backend"]
+__all__ = ["BACKEND_MODULES", "BackendResult", "RunContext", "run_backend"]
+
+# Each backend's module, by `training.backend`: what a process that will train imports at its start
+# (trainer_core/preimport.py); run_backend imports it by name below.
+BACKEND_MODULES = {
+    "trainer": "trainer_core.backends.trainer_backend",
+    "accelerate": "trainer_core.backends.accelerate_backend",
+}
 
 
 def run_backend(ctx: RunContext) -> BackendResult:
