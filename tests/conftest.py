@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import uuid
@@ -84,6 +85,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return -HEAVY_UNITS.get(unit, 0), unit not in slow
 
     items.sort(key=weight)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Collection imported torch, transformers and every test module: objects that live as long as this
+    process. Frozen, the collector's full collections during the tests no longer walk them."""
+    gc.freeze()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
