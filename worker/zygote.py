@@ -70,11 +70,11 @@ def unsafe_to_fork() -> str | None:
 
 def preimport() -> str | None:
     """Import what runs need; returns why this process cannot serve runs, or None."""
-    from trainer_core.preimport import preimport
+    from trainer_core import preimport as imports
 
     # The collector paused while importing, then everything frozen: forked runs also leave the pages
     # they share with this process alone (no collector bits written into them).
-    for name, exc in preimport(PREIMPORTS).items():  # a run that needs it reports the error in its own process
+    for name, exc in imports.preimport(PREIMPORTS).items():  # a run that needs it reports the error in its own process
         print(f"worker.zygote: {name} not preimported: {type(exc).__name__}: {exc}", file=sys.stderr)
     return unsafe_to_fork()
 
