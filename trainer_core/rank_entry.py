@@ -33,12 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     emit = stream_sink(sys.stdout) if int(os.environ.get("RANK", "0")) == 0 else None
     try:
         spec = load_spec_file(args.spec)
-    except SpecError:
-        return EXIT_INVALID_SPEC
-    preimport(run_modules(spec))  # torch, transformers and the backend, the collector paused
-    from trainer_core.run import train_job
+        preimport(run_modules(spec))  # torch, transformers and the backend, the collector paused
+        from trainer_core.run import train_job
 
-    try:
         status = train_job(spec, args.output_dir, emit=emit, resume=args.resume, stop_file=args.stop_file,
                            cache_dir=args.cache_dir, reach=reach_from(args))
     except SpecError:

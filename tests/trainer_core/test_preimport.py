@@ -38,7 +38,7 @@ def test_imports_report_failures_and_freeze_what_was_imported() -> None:
 def test_the_collector_is_paused_while_importing_and_left_as_found() -> None:
     seen: list[bool] = []
 
-    class Probe:  # a module-like import hook that records the collector's state
+    class Probe:  # a finder on sys.meta_path: asked first for each import, it records the collector's state
         def find_spec(self, name: str, path: object = None, target: object = None) -> None:
             if name == "trainer_core.probe_module":
                 seen.append(gc.isenabled())
