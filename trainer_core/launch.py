@@ -10,6 +10,14 @@ c10d rendezvous instead of ``--standalone``: ``--nnodes N --rdzv-backend c10d --
 node holds rank 0, whose launcher relays the job's events; another node's launcher reports only how its
 own ranks ended.
 
+Where it is safe (:func:`trainer_core.preimport.unsafe_to_fork`: one Python thread, no CUDA), the
+launcher is not a new interpreter but a fork of this process, running torchrun's own code (the same
+arguments, rendezvous, signal handling and failure rules) with ``--start-method fork`` and the rank's
+entry as a function: its ranks are forks too, with torch, transformers and the backend imported
+already. A fresh interpreter spends ~6 s of CPU on those imports (trainer_core/preimport.py), each
+rank and the launcher its own. Elsewhere (a GPU process that has started CUDA, a caller with threads:
+a notebook, a tracker's) it starts ``python -m torch.distributed.run`` as before.
+
 This module does not import :mod:`trainer_core.run` (which imports it), so the two form no circle.
 """
 
@@ -21,11 +29,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import traceback
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from trainer_core.events import Event, EventSink, RunStatus, make_event, parse_event_line
 from trainer_core.path_guard import Reach
+from trainer_core.preimport import stop_tqdm_monitors, unsafe_to_fork
 from trainer_core.spec import FieldError, JobSpec, SpecError
 
 logger = logging.getLogger(__name__)
@@ -33,6 +46,10 @@ logger = logging.getLogger(__name__)
 
 # The ``done`` summary key of a node without rank 0: its ranks finished, the job's end is another node's.
 OTHER_NODE = "node"
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+# Each rank's entry: ``-m`` for torchrun's new interpreters, its ``main`` in a forked rank. Named, not
+# imported: it trains through trainer_core.run, which imports this module.
+RANK_MODULE = "trainer_core.rank_entry"
 
 
 @dataclass(frozen=True)
@@ -79,8 +96,8 @@ def torchrun_command(
     # One node: its processes meet on the loopback (by default torchrun publishes the host name, which
     # a machine that cannot resolve its own name, a container or a fresh VM, never reaches).
     where = ["--standalone", "--local-addr=127.0.0.1"] if rendezvous is None else rendezvous.args(nodes)
-    cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
-           "-m", "trainer_core.rank_entry", str(spec_path), "--output-dir", str(output_dir)]
+    cmd = [*TORCHRUN, *where, f"--nproc_per_node={nproc}", "-m", RANK_MODULE, str(spec_path),
+           "--output-dir", str(output_dir)]  # fmt: skip
     if resume:
         cmd.append("--resume")
     if stop_file is not None:
@@ -117,11 +134,18 @@ def run_distributed(
     spec_path.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
     cmd = torchrun_command(spec_path, output_dir, spec.resources.num_processes, resume=resume, stop_file=stop_file,
                            cache_dir=cache_dir, reach=reach, nodes=spec.resources.num_nodes, rendezvous=rendezvous)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    stop_tqdm_monitors()
+    why_not = unsafe_to_fork() or _in_a_process_group()
+    proc: subprocess.Popen[str] | ForkedLauncher
+    if why_not is None:
+        proc = ForkedLauncher(cmd[len(TORCHRUN) :])
+        logger.info("the ranks are forks of this process (torchrun's launcher is its child %d)", proc.pid)
+    else:
+        logger.info("torchrun starts the ranks as new interpreters: this process cannot fork them (%s)", why_not)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     previous = None
     if threading.current_thread() is threading.main_thread():
-        # torchrun passes SIGTERM on to its ranks, which stop after their current step.
+        # torchrun (either launcher) passes SIGTERM on to its ranks, which stop after their current step.
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
     done: Event | None = None
     try:
@@ -160,3 +184,131 @@ def run_distributed(
         raise error
     status: RunStatus = done["status"]
     return status
+
+
+def _in_a_process_group() -> str | None:
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "it belongs to a torch.distributed process group"
+    return None
+
+
+class ForkedLauncher:
+    """torchrun's launcher in a fork of this process, driven like ``subprocess.Popen`` (what
+    :func:`run_distributed` uses of it): its ranks' stdout is ``self.stdout``.
+
+    It stays in this process's group, as ``Popen``'s child does: a worker slot sweeps the run's whole
+    group (worker/supervisor.py)."""
+
+    def __init__(self, torchrun_args: list[str]) -> None:
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the launcher: never returns
+            os.close(read_end)
+            _become_launcher(torchrun_args, write_end)
+        os.close(write_end)
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdout: IO[str] = os.fdopen(read_end, "r", encoding="utf-8")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if deadline is None and self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(list(TORCHRUN), timeout or 0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _become_launcher(torchrun_args: list[str], stdout_fd: int) -> None:
+    """In the forked child: run torchrun's launcher over ``torchrun_args``, its ranks forked from here,
+    and exit with torchrun's status (0, or 1 when a rank failed)."""
+    code = 1
+    try:
+        os.dup2(stdout_fd, 1)
+        os.close(stdout_fd)
+        # The streams the ranks write, on descriptors 1 and 2 whatever this process had made of
+        # sys.stdout (a test runner's capture, a progress bar).
+        sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        # A new interpreter's logging: no handler of this process's (one of a test runner's swaps the
+        # streams back to its own capture as it writes); each rank configures its own (rank_entry).
+        for handler in list(logging.root.handlers):
+            logging.root.removeHandler(handler)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # torchrun installs its own
+            signal.signal(sig, signal.SIG_DFL)
+        code = _launch_forked_ranks(torchrun_args)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # not the parent's atexit handlers, trackers or finalizers
+
+
+def _launch_forked_ranks(torchrun_args: list[str]) -> int:
+    """What ``python -m torch.distributed.run ARGS`` does (torch/distributed/run.py: ``run``), with the
+    rank's entry called as a function in forked processes instead of ``python -m MODULE`` in new ones."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    args = torchrun.parse_args(torchrun_args)
+    if args.standalone:
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _, _ = torchrun.config_from_args(args)
+    config.start_method = "fork"
+    try:
+        elastic_launch(config, entrypoint=_forked_rank)(*args.training_script_args)
+    except ChildFailedError as exc:
+        print(exc.format_msg(), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _forked_rank(*rank_args: str) -> None:
+    """One rank, forked by :func:`_launch_forked_ranks`: ``python -m trainer_core.rank_entry`` without
+    the new interpreter. A non-zero status leaves the process non-zero, as the module's would, so that
+    torchrun stops the other ranks."""
+    import importlib
+
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+
+    if threads := os.environ.get("OMP_NUM_THREADS"):  # torchrun's choice: a new interpreter reads it at start
+        torch.set_num_threads(int(threads))
+    # What accelerate keeps per process (the distributed setup, the accumulation state) as a new
+    # interpreter has it: empty. A parent that trained in-process before (a test, a notebook) set it
+    # up for a world of one.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    status = importlib.import_module(RANK_MODULE).main(list(rank_args))
+    if status:
+        raise SystemExit(status)

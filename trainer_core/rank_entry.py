@@ -1,7 +1,8 @@
 """Entry point of each torchrun rank: ``python -m trainer_core.rank_entry SPEC --output-dir DIR``.
 
-:func:`trainer_core.launch.run_distributed` starts one per process. Every rank runs the job; only
-rank 0 prints events (JSON lines on stdout), which the launching process relays.
+:func:`trainer_core.launch.run_distributed` starts one per process (or, forked from the run, calls
+:func:`main` in each). Every rank runs the job; only rank 0 prints events (JSON lines on stdout), which
+the launching process relays.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import select
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -47,27 +46,6 @@ MAX_MESSAGE = 1 << 20  # a request: argv, environment, cwd (the environment is t
 REAP_EVERY_S = 0.05
 
 
-def unsafe_to_fork() -> str | None:
-    """Why forking runs from this process would be wrong, if it would.
-
-    A process that started CUDA cannot hand it to a forked child (the child's CUDA calls fail), and a
-    Python thread could hold a lock (logging's, the import lock) that the child inherits taken. The
-    native helper threads some libraries start at import (OpenBLAS, jemalloc) reset themselves at fork.
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "torch initialised CUDA while importing"
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):
-                return "a GPU device was opened while importing"
-        except OSError:
-            continue
-    if threading.active_count() != 1:
-        return f"{threading.active_count()} Python threads after importing"
-    return None
-
-
 def preimport() -> str | None:
     """Import what runs need; returns why this process cannot serve runs, or None."""
     from trainer_core import preimport as imports
@@ -76,7 +54,7 @@ def preimport() -> str | None:
     # they share with this process alone (no collector bits written into them).
     for name, exc in imports.preimport(PREIMPORTS).items():  # a run that needs it reports the error in its own process
         print(f"worker.zygote: {name} not preimported: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return unsafe_to_fork()
+    return imports.unsafe_to_fork()
 
 
 def become_run(request: dict[str, Any], fds: list[int], sock: socket.socket) -> None:

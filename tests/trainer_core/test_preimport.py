@@ -1,9 +1,11 @@
-"""trainer_core/preimport.py: a process's heavy imports with the collector paused, then frozen."""
+"""trainer_core/preimport.py: a process's heavy imports with the collector paused, then frozen, and
+when such a process may be forked."""
 
 from __future__ import annotations
 
 import gc
 import importlib.util
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -60,3 +62,26 @@ def test_a_run_imports_the_backend_its_spec_names() -> None:
         parsed = parse_spec({**spec, "training": {"backend": backend}})
         assert run_modules(parsed) == ("trainer_core.run", module)
         assert importlib.util.find_spec(module) is not None, module  # the name run_backend imports
+
+
+def test_a_python_thread_makes_a_process_unsafe_to_fork_and_tqdms_monitor_is_stopped() -> None:
+    # In a fresh interpreter: this test process may hold threads that earlier tests left behind.
+    script = (
+        "import threading\n"
+        "from tqdm import tqdm\n"
+        "from trainer_core.preimport import stop_tqdm_monitors, unsafe_to_fork\n"
+        "print(unsafe_to_fork())\n"
+        "for _ in tqdm(range(2), disable=False): pass\n"  # the first bar starts tqdm's monitor thread
+        "print(unsafe_to_fork())\n"
+        "stop_tqdm_monitors()\n"
+        "print(unsafe_to_fork())\n"
+        "stop = threading.Event()\n"
+        "thread = threading.Thread(target=stop.wait)\n"
+        "thread.start()\n"
+        "stop_tqdm_monitors()\n"  # stops tqdm's threads only
+        "print(unsafe_to_fork())\n"
+        "stop.set()\n"
+        "thread.join()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines() == ["None", "2 Python threads", "None", "2 Python threads"]

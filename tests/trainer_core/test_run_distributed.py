@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,11 +25,14 @@ from trainer_core.checkpoint import complete_checkpoints
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("backend", "local_sgd_steps"), [("accelerate", None), ("accelerate", 2), ("trainer", None)]
+    ("backend", "local_sgd_steps", "forked"),
+    [("accelerate", None, True), ("accelerate", 2, True), ("trainer", None, False)],
 )
 def test_two_processes_finish_and_report_gathered_metrics(
-    tmp_path: Path, backend: str, local_sgd_steps: int | None
+    tmp_path: Path, backend: str, local_sgd_steps: int | None, forked: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Ranks forked from this process (it has one thread), or, with a second thread alive here, started
+    by ``python -m torch.distributed.run`` as new interpreters: the same run either way."""
     # 31 validation rows: split over two ranks, one gets a padded duplicate that gathering must drop.
     spec = text_spec(
         tmp_path / "data", backend, n_train=64, n_val=31,
@@ -35,7 +41,18 @@ def test_two_processes_finish_and_report_gathered_metrics(
         efficiency={"local_sgd_steps": local_sgd_steps},
         resources={"num_processes": 2},
     )
-    status, events = run(spec, tmp_path / "out")
+    caplog.set_level(logging.INFO, logger="trainer_core.launch")
+    with contextlib.ExitStack() as stack:
+        if not forked:
+            stop = threading.Event()
+            thread = threading.Thread(target=stop.wait, name="caller's own")
+            thread.start()
+            stack.callback(thread.join)
+            stack.callback(stop.set)
+        status, events = run(spec, tmp_path / "out")
+    launches = [r.getMessage() for r in caplog.records if r.name == "trainer_core.launch"]
+    expected = "the ranks are forks of this process" if forked else "torchrun starts the ranks as new interpreters"
+    assert len(launches) == 1 and launches[0].startswith(expected), launches
     assert status == "succeeded", done_event(events)
     # Only rank 0 speaks: one memory event, one done event, each step reported once.
     assert len(events.of_kind("memory")) == 1

@@ -187,20 +187,3 @@ def test_the_fork_server_ends_with_its_slot(tmp_path: Path) -> None:
     slot.kill()
     slot.wait()
     wait_for(lambda: group_members(int(pid)) == [], 20, "the fork server to end after its slot")
-
-
-def test_a_python_thread_makes_a_parent_unsafe_to_fork() -> None:
-    # In a fresh interpreter: this test process may hold threads that earlier tests left behind.
-    script = (
-        "import threading\n"
-        "from worker.zygote import unsafe_to_fork\n"
-        "print(unsafe_to_fork())\n"
-        "stop = threading.Event()\n"
-        "thread = threading.Thread(target=stop.wait)\n"
-        "thread.start()\n"
-        "print(unsafe_to_fork())\n"
-        "stop.set()\n"
-        "thread.join()\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert result.stdout.splitlines() == ["None", "2 Python threads after importing"]
