@@ -61,7 +61,9 @@ def test_loss_and_gradients_equal_the_plain_loss(model_type: str, adapter: Any, 
     torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=0)
     assert got.keys() == expected.keys() and expected
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)
+        # atol: float32 sums in another order (by chunk) differ by a few ulps at the gradients' scale (~1,
+        # where an ulp is 6e-8), in elements that vary with the CPU's vector width (AVX2, AVX-512).
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=5e-7, msg=name)
 
 
 def test_small_chunks_and_a_biased_head_give_the_plain_loss() -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from tests.trainer_core.runhelpers import (
+    REPO,
     cli_process,
     done_event,
     evaluate_saved,
@@ -21,6 +24,7 @@ from tests.trainer_core.runhelpers import (
     write_spec,
 )
 from trainer_core.checkpoint import complete_checkpoints
+from trainer_core.events import EventCollector, parse_event_line
 
 
 @pytest.mark.slow
@@ -31,8 +35,9 @@ from trainer_core.checkpoint import complete_checkpoints
 def test_two_processes_finish_and_report_gathered_metrics(
     tmp_path: Path, backend: str, local_sgd_steps: int | None, forked: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Ranks forked from this process (it has one thread), or, with a second thread alive here, started
-    by ``python -m torch.distributed.run`` as new interpreters: the same run either way."""
+    """``trainjobs train`` (a process of its own, with one thread) forks its ranks; a caller with a
+    second thread alive (this test process, in-process) has torchrun start them as new interpreters:
+    the same run either way."""
     # 31 validation rows: split over two ranks, one gets a padded duplicate that gathering must drop.
     spec = text_spec(
         tmp_path / "data", backend, n_train=64, n_val=31,
@@ -41,18 +46,31 @@ def test_two_processes_finish_and_report_gathered_metrics(
         efficiency={"local_sgd_steps": local_sgd_steps},
         resources={"num_processes": 2},
     )
-    caplog.set_level(logging.INFO, logger="trainer_core.launch")
-    with contextlib.ExitStack() as stack:
-        if not forked:
-            stop = threading.Event()
-            thread = threading.Thread(target=stop.wait, name="caller's own")
-            thread.start()
-            stack.callback(thread.join)
-            stack.callback(stop.set)
-        status, events = run(spec, tmp_path / "out")
-    launches = [r.getMessage() for r in caplog.records if r.name == "trainer_core.launch"]
-    expected = "the ranks are forks of this process" if forked else "torchrun starts the ranks as new interpreters"
-    assert len(launches) == 1 and launches[0].startswith(expected), launches
+    if forked:
+        cli = subprocess.run(
+            [sys.executable, "-m", "trainjobs.cli", "train", str(write_spec(spec, tmp_path / "spec.json")),
+             "--output-dir", str(tmp_path / "out"), "--jsonl"],
+            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        events = EventCollector()
+        for line in cli.stdout.splitlines():
+            if (event := parse_event_line(line)) is not None:
+                events(event)
+        status = events.events[-1]["status"] if events.events else f"no events: {cli.stderr[-3000:]}"
+        launches = [line for line in cli.stderr.splitlines() if "the ranks are" in line or "torchrun starts" in line]
+        assert len(launches) == 1 and launches[0].startswith("INFO the ranks are forks of this process"), launches
+    else:
+        caplog.set_level(logging.INFO, logger="trainer_core.launch")
+        stop = threading.Event()
+        thread = threading.Thread(target=stop.wait, name="caller's own")
+        thread.start()
+        try:
+            status, events = run(spec, tmp_path / "out")
+        finally:
+            stop.set()
+            thread.join()
+        launches = [r.getMessage() for r in caplog.records if r.name == "trainer_core.launch"]
+        assert len(launches) == 1 and launches[0].startswith("torchrun starts the ranks as new interpreters"), launches
     assert status == "succeeded", done_event(events)
     # Only rank 0 speaks: one memory event, one done event, each step reported once.
     assert len(events.of_kind("memory")) == 1
