@@ -10,11 +10,11 @@ c10d rendezvous instead of ``--standalone``: ``--nnodes N --rdzv-backend c10d --
 node holds rank 0, whose launcher relays the job's events; another node's launcher reports only how its
 own ranks ended.
 
-Where it is safe (:func:`trainer_core.preimport.unsafe_to_fork`: one Python thread, no CUDA), the
-launcher is not a new interpreter but a fork of this process, running torchrun's own code (the same
-arguments, rendezvous, signal handling and failure rules) with ``--start-method fork`` and the rank's
-entry as a function: its ranks are forks too, with torch, transformers and the backend imported
-already. A fresh interpreter spends ~6 s of CPU on those imports (trainer_core/preimport.py), each
+Where it is safe (:func:`trainer_core.preimport.unsafe_to_fork`: one Python thread, no CUDA, no
+process group), the launcher is not a new interpreter but a fork of this process, running torchrun's
+own code (the same arguments, rendezvous, signal handling and failure rules) with ``--start-method
+fork`` and the rank's entry as a function: its ranks are forks too, with torch, transformers and the
+backend imported already. A fresh interpreter spends ~6 s of CPU on those imports (trainer_core/preimport.py), each
 rank and the launcher its own. Elsewhere (a GPU process that has started CUDA, a caller with threads:
 a notebook, a tracker's) it starts ``python -m torch.distributed.run`` as before.
 
@@ -135,7 +135,7 @@ def run_distributed(
     cmd = torchrun_command(spec_path, output_dir, spec.resources.num_processes, resume=resume, stop_file=stop_file,
                            cache_dir=cache_dir, reach=reach, nodes=spec.resources.num_nodes, rendezvous=rendezvous)
     stop_tqdm_monitors()
-    why_not = unsafe_to_fork() or _in_a_process_group()
+    why_not = unsafe_to_fork()
     proc: subprocess.Popen[str] | ForkedLauncher
     if why_not is None:
         proc = ForkedLauncher(cmd[len(TORCHRUN) :])
@@ -184,14 +184,6 @@ def run_distributed(
         raise error
     status: RunStatus = done["status"]
     return status
-
-
-def _in_a_process_group() -> str | None:
-    import torch.distributed
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return "it belongs to a torch.distributed process group"
-    return None
 
 
 class ForkedLauncher:

@@ -61,13 +61,17 @@ def run_modules(spec: JobSpec) -> tuple[str, ...]:
 def unsafe_to_fork() -> str | None:
     """Why forking this process would be wrong, if it would; None when a forked child may go on as it.
 
-    A process that started CUDA cannot hand it to a forked child (the child's CUDA calls fail), and a
-    Python thread could hold a lock (logging's, the import lock) that the child inherits taken. The
-    native helper threads some libraries start at import (OpenBLAS, jemalloc) reset themselves at fork.
+    A process that started CUDA cannot hand it to a forked child (the child's CUDA calls fail), a
+    torch.distributed process group's connections would be shared with it, and a Python thread could
+    hold a lock (logging's, the import lock) that the child inherits taken. The native helper threads
+    some libraries start at import (OpenBLAS, jemalloc) reset themselves at fork.
     """
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "torch has initialised CUDA"
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return "it belongs to a torch.distributed process group"
     for fd in os.listdir("/proc/self/fd"):
         try:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):

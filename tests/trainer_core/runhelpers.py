@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -105,12 +105,12 @@ def write_spec(spec: JobSpec, path: Path) -> Path:
     return path
 
 
-def cli_process(*args: str) -> subprocess.Popen[str]:
+def cli_process(*args: str, stderr: int | IO[str] = subprocess.DEVNULL) -> subprocess.Popen[str]:
     """``trainjobs train ...`` as a child process with its events on a pipe (callers kill it in ``finally``)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "trainjobs.cli", "train", *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
     )
 
 

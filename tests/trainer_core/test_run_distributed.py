@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from tests.trainer_core.runhelpers import (
-    REPO,
     cli_process,
     done_event,
     evaluate_saved,
@@ -24,7 +20,7 @@ from tests.trainer_core.runhelpers import (
     write_spec,
 )
 from trainer_core.checkpoint import complete_checkpoints
-from trainer_core.events import EventCollector, parse_event_line
+from trainer_core.events import EventCollector
 
 
 @pytest.mark.slow
@@ -47,17 +43,15 @@ def test_two_processes_finish_and_report_gathered_metrics(
         resources={"num_processes": 2},
     )
     if forked:
-        cli = subprocess.run(
-            [sys.executable, "-m", "trainjobs.cli", "train", str(write_spec(spec, tmp_path / "spec.json")),
-             "--output-dir", str(tmp_path / "out"), "--jsonl"],
-            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        events = EventCollector()
-        for line in cli.stdout.splitlines():
-            if (event := parse_event_line(line)) is not None:
+        with (tmp_path / "stderr.log").open("w") as stderr:
+            proc = cli_process(str(write_spec(spec, tmp_path / "spec.json")), "--output-dir", str(tmp_path / "out"),
+                               "--jsonl", stderr=stderr)  # fmt: skip
+            events = EventCollector()
+            for event in finish(proc):
                 events(event)
-        status = events.events[-1]["status"] if events.events else f"no events: {cli.stderr[-3000:]}"
-        launches = [line for line in cli.stderr.splitlines() if "the ranks are" in line or "torchrun starts" in line]
+        logged = (tmp_path / "stderr.log").read_text()
+        status = events.events[-1]["status"] if events.events else f"no events: {logged[-3000:]}"
+        launches = [line for line in logged.splitlines() if "the ranks are" in line or "torchrun starts" in line]
         assert len(launches) == 1 and launches[0].startswith("INFO the ranks are forks of this process"), launches
     else:
         caplog.set_level(logging.INFO, logger="trainer_core.launch")
