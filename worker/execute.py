@@ -136,13 +136,12 @@ def execute_job(job_id: str, settings: Settings, *, should_stop: Callable[[], bo
                 log.exception("job %s: sending jobs held by the running-jobs cap failed", job_id)
 
 
-def fetch_run_data(job_id: str, settings: Settings, spec: dict[str, Any], attempt: int,
-                   paths: RunPaths) -> dict[str, Any] | RunOutcome:  # fmt: skip
+def fetch_run_data(
+    job_id: str, settings: Settings, spec: dict[str, Any], paths: RunPaths
+) -> dict[str, Any] | RunOutcome:
     """The spec the run gets: data and models on an object-store ``DATA_ROOT`` fetched into this host's
     cache (runs have no store credentials), and the checkpoint ``init_from`` names copied into the work
-    dir; or the job's failure naming the field. The lease is renewed meanwhile: a first fetch of a
-    large dataset may take longer than the lease."""
-    lease = LeaseKeeper(job_id, attempt, settings).start()
+    dir; or the job's failure naming the field. The caller holds the attempt's lease meanwhile."""
     try:
         return fetch_init_from(localize_spec(spec, settings), settings, paths)
     except FetchError as exc:
@@ -151,8 +150,6 @@ def fetch_run_data(job_id: str, settings: Settings, spec: dict[str, Any], attemp
     except CheckpointError as exc:
         log.warning("job %s: init_from: %s", job_id, exc)
         return RunOutcome(JobStatus.failed, ErrorReason.model_error, f"init_from.checkpoint: {exc}")
-    finally:
-        lease.stop()
 
 
 def fetch_init_from(spec: dict[str, Any], settings: Settings, paths: RunPaths) -> dict[str, Any]:
@@ -175,14 +172,28 @@ def execute_attempt(
     attempt, spec, estimate, reach, _, place = claimed
     paths = run_paths(job_id, settings, reach)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
-    local_spec = fetch_run_data(job_id, settings, spec, attempt, paths)
+    # One lease from the claim to the run's end: a first fetch of a large dataset, or of the checkpoint a
+    # restart resumes from, may take longer than the lease. A node of a gang renews its own row, since
+    # the job's lease is its nodes' earliest: a node that renewed only the job's would let its row run
+    # out while it fetched, and the next renewal of another node would set the job's lease to that
+    # past time, for the sweep to requeue the gang.
+    lease = LeaseKeeper(job_id, attempt, settings, slot=gang.slot_name() if place is not None else None).start()
+    try:
+        local_spec = fetch_run_data(job_id, settings, spec, paths)
+        if not isinstance(local_spec, RunOutcome):
+            paths.spec_file.write_text(json.dumps(local_spec, indent=2), encoding="utf-8")
+            resume = retry_database(lambda: prepare_resume(job_id, settings, paths, attempt),
+                                    f"job {job_id}: prepare resume")  # fmt: skip
+    except BaseException:
+        lease.stop()
+        raise
     if isinstance(local_spec, RunOutcome):  # a data file or model folder on the store could not be fetched
+        lease.stop()  # before the outcome, which ends the lease
+        if lease.fenced.is_set():
+            return None
         failed = local_spec
         return retry_database(lambda: record_outcome(job_id, settings, failed, attempt), f"job {job_id}: outcome")
-    paths.spec_file.write_text(json.dumps(local_spec, indent=2), encoding="utf-8")
-    resume = retry_database(lambda: prepare_resume(job_id, settings, paths, attempt), f"job {job_id}: prepare resume")
     log.info("job %s: attempt %d running in %s (resume=%s)", job_id, attempt, paths.output_dir, resume)
-    lease = LeaseKeeper(job_id, attempt, settings, slot=gang.slot_name() if place is not None else None).start()
     uploader = None
     try:
         uploader = start_uploader(job_id, settings, paths, spec, attempt)

@@ -7,11 +7,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import select
 
+from service_core.datastore import FetchError
 from service_core.db.base import utcnow
 from service_core.db.models import JobNode, WorkerHeartbeat
 from service_core.db.session import session_scope
@@ -19,10 +22,11 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from tests.api.test_jobs import drain_broker
 from trainer_core.launch import OTHER_NODE
-from worker import gang
-from worker.execute import claim_job
+from worker import execute, gang
+from worker.execute import Claimed, claim_job, execute_attempt
 from worker.gang import HELD, JOINED, Gang, Member
 from worker.outcome import RunOutcome
+from worker.paths import run_reach
 from worker.recovery import recover_orphaned_jobs
 
 from .conftest import JobFactory, load_job
@@ -190,6 +194,52 @@ def test_a_node_that_stops_renewing_ends_the_attempt_of_every_node(db_settings: 
     with session_scope(settings.database_url) as session:
         assert gang.join(session, job_id, member("c"), settings.lease_seconds) == JOINED
     assert nodes_of(settings, job_id) == [("c-slot", None)]
+
+
+def test_a_node_fetching_its_data_for_longer_than_a_lease_keeps_the_gang_alive(
+    db_settings: Settings, make_job: JobFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first fetch of the job's data may outlast the lease. The fetching node renews its own row
+    meanwhile: the other node's renewals (the job's lease is the nodes' earliest) keep the job's lease
+    ahead, the sweep leaves the gang alone, and the attempt ends as the fetch does, once."""
+    settings = db_settings.model_copy(update={"lease_seconds": 1.0, "lease_renew_seconds": 0.2})
+    job_id = gang_job(settings, make_job, 2)
+    a, b = replace(member("a"), slot=gang.slot_name()), member("b")  # this process is node a's slot
+    with session_scope(settings.database_url) as session:
+        assert gang.join(session, job_id, a, settings.lease_seconds) == JOINED
+        assert gang.join(session, job_id, b, settings.lease_seconds) == JOINED
+    with session_scope(settings.database_url) as session:
+        assert gang.form(session, job_id, settings.lease_seconds)
+        place = gang.place(session, job_id, a.slot)
+    assert place is not None and place.attempt == 1
+    fetching, swept = threading.Event(), []
+
+    def slow_fetch(spec: dict[str, Any], settings: Settings) -> dict[str, Any]:
+        fetching.set()
+        time.sleep(4 * settings.lease_seconds)  # a large dataset from the store
+        raise FetchError("data.train_file", "no such object on the store")
+
+    def node_b_and_the_sweep() -> None:  # node b runs, renewing its row; a sweep runs beside it
+        fetching.wait(10)
+        while fetching.is_set():
+            with session_scope(settings.database_url) as session:
+                gang.renew_node_lease(session, job_id, 1, b.slot, settings.lease_seconds)
+            swept.append(recover_orphaned_jobs(settings, host="sweeper-host"))
+            time.sleep(settings.lease_renew_seconds)
+
+    monkeypatch.setattr(execute, "localize_spec", slow_fetch)
+    other = threading.Thread(target=node_b_and_the_sweep, daemon=True)
+    other.start()
+    claimed = Claimed(1, {"task": "text-classification"}, None, run_reach(settings, "alice", False), job_id, place)
+    try:
+        ended = execute_attempt(job_id, settings, claimed, lambda: False)
+    finally:
+        fetching.clear()
+        other.join(10)
+    assert len(swept) >= 10 and not any(swept), swept
+    job = load_job(settings, job_id)
+    assert (ended, job.status, job.attempts, job.error_reason) == ("failed", "failed", 1, "data_error")
+    assert "data.train_file" in (job.error_message or "")
 
 
 def test_node_0_picks_its_rendezvous_port_from_the_range_a_firewall_opens() -> None:
