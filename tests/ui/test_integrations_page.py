@@ -73,6 +73,16 @@ def test_the_webhooks_page_and_the_job_pages_tracker_link(
     expect(row).to_have_count(1, timeout=20_000)
     expect(row.locator("a")).to_have_attribute("href", f"#/jobs/{job['id']}")
     expect(row).to_contain_text("HTTP 200")
+    # The page polls, and a poll that changed nothing keeps the elements shown: a button drawn again
+    # between a press and its release would swallow the click (the page draws before it asks for the
+    # deliveries, so their answer comes after a drawing; a relative time that turned meanwhile, say
+    # "1 min ago", is a change).
+    row.evaluate("(node) => { window.kept = [node, node.closest('div.webhooks').innerHTML]; }")
+    with page.expect_response(lambda response: "/deliveries?" in response.url, timeout=15_000):
+        pass
+    redrawn_unchanged = ("() => !window.kept[0].isConnected"
+                         " && document.querySelector('div.webhooks').innerHTML === window.kept[1]")
+    assert not page.evaluate(redrawn_unchanged), "a poll drew the unchanged deliveries again"
     shot(page, "webhooks", full_page=False)
     row.locator("button", has_text="Redeliver").click()
     wait_seen(receiver, 2)

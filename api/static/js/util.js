@@ -19,6 +19,13 @@ export function el(tag, props = {}, ...children) {
   return node;
 }
 
+/** `parent`'s children become the elements `nodes`, unless they would show the same. A page that redraws
+ * on a timer then keeps the elements a person is using: a press and a release that land on a button and
+ * on its redrawn copy make no click, and a selection or the focus would go with the old element. */
+export function replaceIfChanged(parent, nodes) {
+  if (nodes.map((node) => node.outerHTML).join("") !== parent.innerHTML) parent.replaceChildren(...nodes);
+}
+
 export function bytes(n) {
   if (n == null) return "–";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -3,7 +3,7 @@
 // with their attempts, refreshed while the page is open. Event types come from the OpenAPI document,
 // so the page keeps no copy of the server's list.
 import { request, schema } from "./api.js";
-import { el, when } from "./util.js";
+import { el, replaceIfChanged, when } from "./util.js";
 
 const POLL_MS = 5000;
 const DELIVERIES = 20;
@@ -105,8 +105,8 @@ export async function mountWebhooks(root, signal) {
     },
   };
   function render() {
-    list.replaceChildren(...(hooks.length ? hooks.map((h) => hookCard(h, pages.get(h.id), actions))
-      : [el("p.muted", {}, "No webhooks yet.")]));
+    replaceIfChanged(list, hooks.length ? hooks.map((h) => hookCard(h, pages.get(h.id), actions))
+      : [el("p.muted", {}, "No webhooks yet.")]);
   }
   async function load() {
     hooks = (await request("/v1/webhooks", { signal })).items;
