@@ -7,7 +7,7 @@ import gc
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return unit_of(nodeid)
 
     return UnitScheduling(config, log)
+
+
+# Whether a test's own call failed, for fixtures whose teardown then prints what the test's services
+# logged (the fleet's hosts, the dashboard's dev service) before they are stopped and wiped.
+CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_FAILED] = report.failed
+    return report
 
 
 @pytest.fixture(scope="session")

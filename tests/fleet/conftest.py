@@ -3,7 +3,7 @@ worker, and the hosts end with them), workers started per test on its own queue.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ from sqlalchemy import select
 from service_core.db.models import Job
 from service_core.db.session import session_scope
 from service_core.runs import RUN_LOG_NAME
+from tests.conftest import CALL_FAILED
 from tests.trainer_core.datagen import write_sentiment_csv
 
 from .netns import netns_unavailable
@@ -25,18 +26,6 @@ def fleet_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         pytest.skip(f"no network namespaces: {why}")
     with fleet(tmp_path_factory.mktemp("fleet")) as running:
         yield running
-
-
-CALL_FAILED = pytest.StashKey[bool]()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Remember whether the test itself failed, for :func:`queue`'s teardown."""
-    report = yield
-    if report.when == "call":
-        item.stash[CALL_FAILED] = report.failed
-    return report
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import httpx
 import pytest
 from playwright import sync_api as playwright_sync
 
+from tests.conftest import CALL_FAILED
 from tests.trainjobs.live import REPO, trainjobs_argv
 from tests.worker.live import free_port
 from trainer_core.oom_fault import FAULT_OOM_ENV
@@ -144,9 +145,12 @@ def watch() -> Watch:
 
 
 @pytest.fixture
-def page(browser: playwright_sync.Browser, watch: Watch) -> Iterator[playwright_sync.Page]:
+def page(
+    browser: playwright_sync.Browser, watch: Watch, request: pytest.FixtureRequest
+) -> Iterator[playwright_sync.Page]:
     """A fresh context and page; after the test: no console error, no request off 127.0.0.1, and the
-    key in no URL (it travels in the Authorization header only)."""
+    key in no URL (it travels in the Authorization header only). A failed test against the dev service
+    prints the end of its log (API and worker), which a CI run keeps nowhere else."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
 
     def guard(route: playwright_sync.Route) -> None:
@@ -166,6 +170,11 @@ def page(browser: playwright_sync.Browser, watch: Watch) -> Iterator[playwright_
     page.on("pageerror", lambda exc: watch.console_errors.append(f"uncaught: {exc}"))
     yield page
     context.close()
+    if request.node.stash.get(CALL_FAILED, False) and "dev" in request.fixturenames:
+        log = request.getfixturevalue("dev").home.parent / "dev.log"
+        lines = log.read_text(errors="replace").splitlines()
+        print(f"--- {log.name}: last {min(len(lines), 120)} of {len(lines)} lines")
+        print("\n".join(line[:400] for line in lines[-120:]))
     assert watch.outside_requests == [], "requests left 127.0.0.1"
     assert watch.console_errors == [], "console errors"
     assert not [url for url in watch.urls if KEY in url], "the API key appeared in a URL"
