@@ -13,10 +13,11 @@ own ranks ended.
 Where it is safe (:func:`trainer_core.preimport.unsafe_to_fork`: one Python thread, no CUDA, no
 process group), the launcher is not a new interpreter but a fork of this process, running torchrun's
 own code (the same arguments, rendezvous, signal handling and failure rules) with ``--start-method
-fork`` and the rank's entry as a function: its ranks are forks too, with torch, transformers and the
-backend imported already. A fresh interpreter spends ~6 s of CPU on those imports (trainer_core/preimport.py), each
-rank and the launcher its own. Elsewhere (a GPU process that has started CUDA, a caller with threads:
-a notebook, a tracker's) it starts ``python -m torch.distributed.run`` as before.
+fork`` and the rank's entry module's ``main`` as a function: its ranks are forks too, with torch,
+transformers and the backend imported already. A fresh interpreter spends ~6 s of CPU on those
+imports (trainer_core/preimport.py), each rank and the launcher its own. Elsewhere (a GPU process
+that has started CUDA, a caller with threads: a notebook, a tracker's) it starts ``python -m
+torch.distributed.run`` as before.
 
 This module does not import :mod:`trainer_core.run` (which imports it), so the two form no circle.
 """
@@ -47,8 +48,8 @@ logger = logging.getLogger(__name__)
 # The ``done`` summary key of a node without rank 0: its ranks finished, the job's end is another node's.
 OTHER_NODE = "node"
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
-# Each rank's entry: ``-m`` for torchrun's new interpreters, its ``main`` in a forked rank. Named, not
-# imported: it trains through trainer_core.run, which imports this module.
+# Each rank's entry, ``-m`` in torchrun's arguments: a new interpreter runs the module, a forked rank
+# calls its ``main``. Named, not imported: it trains through trainer_core.run, which imports this module.
 RANK_MODULE = "trainer_core.rank_entry"
 
 
@@ -188,7 +189,8 @@ def run_distributed(
 
 class ForkedLauncher:
     """torchrun's launcher in a fork of this process, driven like ``subprocess.Popen`` (what
-    :func:`run_distributed` uses of it): its ranks' stdout is ``self.stdout``.
+    :func:`run_distributed` uses of it): its ranks' stdout is ``self.stdout``. ``torchrun_args`` name
+    the rank's entry as a module (``-m MODULE ARGS``), whose ``main(ARGS)`` each forked rank calls.
 
     It stays in this process's group, as ``Popen``'s child does: a worker slot sweeps the run's whole
     group (worker/supervisor.py)."""
@@ -265,12 +267,17 @@ def _become_launcher(torchrun_args: list[str], stdout_fd: int) -> None:
 
 def _launch_forked_ranks(torchrun_args: list[str]) -> int:
     """What ``python -m torch.distributed.run ARGS`` does (torch/distributed/run.py: ``run``), with the
-    rank's entry called as a function in forked processes instead of ``python -m MODULE`` in new ones."""
+    rank's entry module's ``main`` called in forked processes instead of ``python -m MODULE`` in new ones."""
+    import importlib
+
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     args = torchrun.parse_args(torchrun_args)
+    if not args.module:
+        raise ValueError(f"a forked rank calls a module's main: -m MODULE, not the script {args.training_script}")
+    importlib.import_module(args.training_script)  # here, once: every rank is forked with it imported
     if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if args.master_port is None:
@@ -278,29 +285,32 @@ def _launch_forked_ranks(torchrun_args: list[str]) -> int:
     config, _, _ = torchrun.config_from_args(args)
     config.start_method = "fork"
     try:
-        elastic_launch(config, entrypoint=_forked_rank)(*args.training_script_args)
+        elastic_launch(config, entrypoint=_forked_rank)(args.training_script, *args.training_script_args)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
         return 1
     return 0
 
 
-def _forked_rank(*rank_args: str) -> None:
-    """One rank, forked by :func:`_launch_forked_ranks`: ``python -m trainer_core.rank_entry`` without
-    the new interpreter. A non-zero status leaves the process non-zero, as the module's would, so that
-    torchrun stops the other ranks."""
+def _forked_rank(module: str, *rank_args: str) -> None:
+    """One rank, forked by :func:`_launch_forked_ranks`: ``python -m MODULE RANK_ARGS`` (a module whose
+    ``main(argv)`` returns the rank's status, as :mod:`trainer_core.rank_entry`'s does) without the new
+    interpreter. A non-zero status leaves the process non-zero, as the module's would, so that torchrun
+    stops the other ranks."""
     import importlib
 
     import torch
-    from accelerate.state import AcceleratorState, GradientState
 
     if threads := os.environ.get("OMP_NUM_THREADS"):  # torchrun's choice: a new interpreter reads it at start
         torch.set_num_threads(int(threads))
-    # What accelerate keeps per process (the distributed setup, the accumulation state) as a new
-    # interpreter has it: empty. A parent that trained in-process before (a test, a notebook) set it
-    # up for a world of one.
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    status = importlib.import_module(RANK_MODULE).main(list(rank_args))
+    if "accelerate.state" in sys.modules:
+        # What accelerate keeps per process (the distributed setup, the accumulation state) as a new
+        # interpreter has it: empty. A parent that trained in-process before (a test, a notebook) set
+        # it up for a world of one.
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    status = importlib.import_module(module).main(list(rank_args))
     if status:
         raise SystemExit(status)

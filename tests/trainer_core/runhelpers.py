@@ -22,6 +22,7 @@ from trainer_core.memory_report import memory_values
 from trainer_core.metrics import compute_metrics
 from trainer_core.modeling import MODEL_CLASSES
 from trainer_core.optimizers import build_optimizer
+from trainer_core.preimport import stop_tqdm_monitors, unsafe_to_fork
 from trainer_core.run import train_job
 from trainer_core.spec import JobSpec, parse_spec
 
@@ -41,9 +42,26 @@ def text_spec(data_dir: Path, backend: str, n_train: int = 96, n_val: int = 32, 
 
 
 def run(spec: JobSpec, output_dir: Path, **kwargs: Any) -> tuple[str, EventCollector]:
+    """Train ``spec`` into ``output_dir``; its status and events. In this process, where a spec of several
+    processes has its ranks forked from it (trainer_core/launch.py); but where this process may not fork
+    (an xdist worker holds threads earlier tests left, fsspec's event loop among them), through
+    ``trainjobs train`` in a child of its own, which forks them: torchrun would otherwise start each
+    rank and its launcher as new interpreters, seconds of imports each."""
     events = EventCollector()
-    status = train_job(spec, output_dir, emit=events, **kwargs)
-    return status, events
+    stop_tqdm_monitors()  # as run_distributed does before it asks
+    if spec.resources.num_processes == 1 or unsafe_to_fork() is None:
+        return train_job(spec, output_dir, emit=events, **kwargs), events
+    assert kwargs.keys() <= {"resume"}, f"a run of several processes here takes resume alone, not {kwargs}"
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    spec_file = write_spec(spec, output_dir.parent / f"{output_dir.name}.spec.json")
+    log = output_dir.parent / f"{output_dir.name}.stderr.log"  # the child's log lines
+    with log.open("w") as stderr:
+        proc = cli_process(str(spec_file), "--output-dir", str(output_dir), "--jsonl",
+                           *(["--resume"] if kwargs.get("resume") else []), stderr=stderr)  # fmt: skip
+        for event in finish(proc):
+            events(event)
+    done = events.of_kind("done")
+    return (done[-1]["status"] if done else f"no done event: {log.read_text()[-3000:]}"), events
 
 
 def memory_after_one_step(spec: JobSpec, data: PreparedData, rows: int = 4) -> dict[str, int | None]:

@@ -15,12 +15,12 @@ from tests.trainer_core.runhelpers import (
     evaluate_saved,
     events_until,
     finish,
-    run,
     text_spec,
     write_spec,
 )
 from trainer_core.checkpoint import complete_checkpoints
 from trainer_core.events import EventCollector
+from trainer_core.run import train_job
 
 
 @pytest.mark.slow
@@ -58,8 +58,9 @@ def test_two_processes_finish_and_report_gathered_metrics(
         stop = threading.Event()
         thread = threading.Thread(target=stop.wait, name="caller's own")
         thread.start()
+        events = EventCollector()
         try:
-            status, events = run(spec, tmp_path / "out")
+            status = train_job(spec, tmp_path / "out", emit=events)  # in this process: runhelpers.run would not
         finally:
             stop.set()
             thread.join()

@@ -1,9 +1,13 @@
-"""Run under torchrun by test_sharding_agreement.py: every rank builds each spec's model and optimizer as a
-run does (DDP, or trainer_core.sharding.shard_model), takes one optimizer step on random tokens, and
-writes one JSON line per spec with its memory values and the mean loss of two steps to OUT/rank-R.jsonl
-(one file per rank: the ranks' lines would interleave on a shared stdout).
+"""Run by test_sharding_agreement.py: every rank builds each spec's model and optimizer as a run does
+(DDP, or trainer_core.sharding.shard_model), takes one optimizer step on random tokens, and writes one
+JSON line per spec with its memory values and the mean loss of two steps to OUT/rank-R.jsonl (one file
+per rank: the ranks' lines would interleave on a shared stdout).
 
-    torchrun --nproc_per_node W tests/trainer_core/memory/sharded_ranks.py OUT SPEC.json [SPEC.json ...]
+    python -m tests.trainer_core.memory.sharded_ranks W=OUT [W=OUT ...]
+
+launches, for each pair, torchrun of W ranks over OUT's spec files, one after the other. The ranks are
+forks of this process (trainer_core.launch.ForkedLauncher), with torch and the models imported once:
+each new interpreter torchrun would start spends seconds of CPU on those imports alone.
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
+from trainer_core.backends.common import build_training_model
+from trainer_core.launch import ForkedLauncher
 from trainer_core.memory_report import memory_values
 from trainer_core.optimizers import build_optimizer
+from trainer_core.preimport import unsafe_to_fork
 from trainer_core.sharding import shard_model
 from trainer_core.spec import JobSpec, load_spec_file
 
@@ -35,10 +43,6 @@ def batch(spec: JobSpec, vocab: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def one_spec(path: str) -> dict[str, object]:
-    from torch.nn.parallel import DistributedDataParallel
-
-    from trainer_core.backends.common import build_training_model
-
     spec = load_spec_file(path)
     model = build_training_model(spec, ["a", "b", "c"])
     vocab = int(model.config.vocab_size)
@@ -62,16 +66,34 @@ def one_spec(path: str) -> dict[str, object]:
     return {"spec": path, "rank": dist.get_rank(), "values": values, "losses": losses}
 
 
-def main() -> None:
+def main(argv: list[str]) -> int:
+    """One rank: ``OUT SPEC.json [SPEC.json ...]``."""
     dist.init_process_group("gloo")
-    out = Path(sys.argv[1]) / f"rank-{dist.get_rank()}.jsonl"
+    out = Path(argv[0]) / f"rank-{dist.get_rank()}.jsonl"
     try:
         with out.open("w", encoding="utf-8") as lines:
-            for path in sys.argv[2:]:
+            for path in argv[1:]:
                 lines.write(json.dumps(one_spec(path)) + "\n")
     finally:
         dist.destroy_process_group()
+    return 0
 
+
+def launch(world: int, out: Path) -> int:
+    """torchrun of ``world`` ranks over ``out``'s spec files, its launcher and ranks forks of this process."""
+    specs = sorted(str(path) for path in out.glob("*.json"))
+    launcher = ForkedLauncher(["--standalone", f"--nproc_per_node={world}", "-m", RANKS_MODULE, str(out), *specs])
+    assert launcher.stdout is not None
+    launcher.stdout.read()  # the ranks write their files; a full pipe would stop them
+    return launcher.wait()
+
+
+RANKS_MODULE = "tests.trainer_core.memory.sharded_ranks"
 
 if __name__ == "__main__":
-    main()
+    if why := unsafe_to_fork():
+        raise SystemExit(f"cannot fork the ranks: {why}")
+    for pair in sys.argv[1:]:
+        world, out = pair.split("=", 1)
+        if status := launch(int(world), Path(out)):
+            raise SystemExit(status)

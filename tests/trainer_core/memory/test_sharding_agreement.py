@@ -5,7 +5,8 @@ offload and activation checkpointing. The shapes are odd on purpose (a 3-row cla
 the last rank holds no row, yet its padded storage), so padding is exercised. The same launch trains
 two steps each way: FSDP's loss equals DDP's.
 
-The ranks run tests/trainer_core/memory/sharded_ranks.py, which builds each model as a run does.
+The ranks run tests/trainer_core/memory/sharded_ranks.py, which builds each model as a run does: one process
+for both world sizes, the ranks forked from it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from trainer_core.memory import estimate_memory
 from trainer_core.spec import JobSpec, parse_spec
 
 pytestmark = pytest.mark.slow
-RANKS_SCRIPT = Path(__file__).with_name("sharded_ranks.py")
+REPO = Path(__file__).resolve().parents[3]
+WORLDS = (2, 4)
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("causal-lm", {
         "model_type": "llama", "vocab_size": 101, "hidden_size": 32, "num_hidden_layers": 2,
@@ -53,24 +55,31 @@ def spec_for(arch: str, mode: str, world: int) -> JobSpec:
     })  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
-def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict[str, Any]]]:
-    """One torchrun launch per world size: every (model, mode) case, measured on every rank."""
-    world: int = request.param
-    folder = tmp_path_factory.mktemp(f"world{world}")
-    paths = []
-    for arch in MODELS:
-        for mode in MODES:
-            path = folder / f"{arch}-{mode}.json"
-            path.write_text(spec_for(arch, mode, world).model_dump_json(), encoding="utf-8")
-            paths.append(str(path))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           str(RANKS_SCRIPT), str(folder), *paths]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, Any]]]:
+    """Every (model, mode) case, measured on every rank of each world size: one process launches both."""
+    folders = {world: tmp_path_factory.mktemp(f"world{world}") for world in WORLDS}
+    for world, folder in folders.items():
+        for arch in MODELS:
+            for mode in MODES:
+                spec = spec_for(arch, mode, world)
+                (folder / f"{arch}-{mode}.json").write_text(spec.model_dump_json(), encoding="utf-8")
+    cmd = [sys.executable, "-m", "tests.trainer_core.memory.sharded_ranks", *(f"{w}={f}" for w, f in folders.items())]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-    lines = [json.loads(line) for rank in range(world) for line in (folder / f"rank-{rank}.jsonl").open()]
-    assert len(lines) == world * len(paths)
-    return world, lines
+    lines = {world: [json.loads(line) for rank in range(world) for line in (folder / f"rank-{rank}.jsonl").open()]
+             for world, folder in folders.items()}  # fmt: skip
+    for world in WORLDS:
+        assert len(lines[world]) == world * len(MODELS) * len(MODES)
+    return lines
+
+
+@pytest.fixture(params=WORLDS, ids=[f"world{world}" for world in WORLDS])
+def ranks(
+    request: pytest.FixtureRequest, measured: dict[int, list[dict[str, Any]]]
+) -> tuple[int, list[dict[str, Any]]]:
+    world: int = request.param
+    return world, measured[world]
 
 
 @pytest.mark.parametrize("mode", MODES)
