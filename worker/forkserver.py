@@ -11,8 +11,8 @@ stdin/stdout/stderr; nothing of the slot (database connections, threads, secrets
 it forks from. Whenever the warm path cannot be used, :func:`start_run` starts the run as before with
 ``subprocess``: no fork server in this process (tests, ``trainjobs train``), one still importing past
 a bound, one that found itself unsafe to fork from (CUDA initialised while importing), one that died,
-or a run environment different from the one it imported with. ``TRAINJOBS_PREWARM_RUNS=false`` turns
-it off.
+or a run environment different from the one it imported with (but for :data:`RUN_TIME_VARIABLES`).
+``TRAINJOBS_PREWARM_RUNS=false`` turns it off.
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ class RunProcess(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
+# Variables read only once a run runs, never while it imports: a run whose environment differs from
+# the zygote's in these alone is forked all the same, and has them (its child takes the request's
+# environment). A node of a multi-node job names gloo's network interface (worker/gang.py:run_env),
+# which torch reads as the process group forms.
+RUN_TIME_VARIABLES = frozenset({"GLOO_SOCKET_IFNAME"})
+
+
 class ForkServer:
     """One slot's zygote: started once, asked for runs one at a time, stopped with the slot."""
 
@@ -70,7 +77,8 @@ class ForkServer:
 
     def usable(self, env: Mapping[str, str]) -> bool:
         """Wait for the imports (up to :data:`READY_WAIT_S`); may a run with ``env`` be forked here?"""
-        if dict(env) != self.env:  # the zygote imported under another environment: it would leak
+        differs = {name for name in env.keys() | self.env.keys() if env.get(name) != self.env.get(name)}
+        if differs - RUN_TIME_VARIABLES:  # the zygote imported under another environment: it would leak
             return False
         deadline = time.monotonic() + READY_WAIT_S
         with self.lock:

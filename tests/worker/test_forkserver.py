@@ -146,6 +146,20 @@ def test_another_run_environment_starts_a_fresh_interpreter(warm: ForkServer, tm
     assert run.wait(timeout=120) == 0
 
 
+def test_a_run_naming_gloos_network_interface_is_still_forked(warm: ForkServer, tmp_path: Path) -> None:
+    # A node of a multi-node job names gloo's interface (worker/gang.py:run_env), read only as the
+    # process group forms: the zygote, which imported without it, still forks the run. (That the run
+    # has it, the fleet's two-node jobs show: over the hosts' veth links, gloo needs it.)
+    env = {**warm.env, "GLOO_SOCKET_IFNAME": "veth-test"}
+    with (tmp_path / "log").open("ab") as log:
+        run = start_run(blocked_run_args(tmp_path), env, log)
+    try:
+        assert isinstance(run, ForkedRun)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+
+
 def test_a_dead_fork_server_loses_no_run_and_later_runs_start_fresh(tmp_path: Path) -> None:
     env = run_environment(os.environ)
     server = ForkServer(env)
