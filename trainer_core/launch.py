@@ -135,8 +135,7 @@ def run_distributed(
     spec_path.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
     cmd = torchrun_command(spec_path, output_dir, spec.resources.num_processes, resume=resume, stop_file=stop_file,
                            cache_dir=cache_dir, reach=reach, nodes=spec.resources.num_nodes, rendezvous=rendezvous)
-    stop_tqdm_monitors()
-    why_not = unsafe_to_fork()
+    why_not = why_ranks_are_not_forked()
     proc: subprocess.Popen[str] | ForkedLauncher
     if why_not is None:
         proc = ForkedLauncher(cmd[len(TORCHRUN) :])
@@ -185,6 +184,13 @@ def run_distributed(
         raise error
     status: RunStatus = done["status"]
     return status
+
+
+def why_ranks_are_not_forked() -> str | None:
+    """Why :func:`run_distributed` would start its ranks as new interpreters here, or None when it would
+    fork them. tqdm's monitor thread, which the first progress bar leaves behind, is stopped first."""
+    stop_tqdm_monitors()
+    return unsafe_to_fork()
 
 
 class ForkedLauncher:

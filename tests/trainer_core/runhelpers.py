@@ -18,11 +18,11 @@ from tests.trainer_core import datagen
 from trainer_core.backends.common import build_training_model
 from trainer_core.data import PreparedData, prepare_data
 from trainer_core.events import Event, EventCollector, parse_event_line
+from trainer_core.launch import why_ranks_are_not_forked
 from trainer_core.memory_report import memory_values
 from trainer_core.metrics import compute_metrics
 from trainer_core.modeling import MODEL_CLASSES
 from trainer_core.optimizers import build_optimizer
-from trainer_core.preimport import stop_tqdm_monitors, unsafe_to_fork
 from trainer_core.run import train_job
 from trainer_core.spec import JobSpec, parse_spec
 
@@ -47,21 +47,28 @@ def run(spec: JobSpec, output_dir: Path, **kwargs: Any) -> tuple[str, EventColle
     (an xdist worker holds threads earlier tests left, fsspec's event loop among them), through
     ``trainjobs train`` in a child of its own, which forks them: torchrun would otherwise start each
     rank and its launcher as new interpreters, seconds of imports each."""
-    events = EventCollector()
-    stop_tqdm_monitors()  # as run_distributed does before it asks
-    if spec.resources.num_processes == 1 or unsafe_to_fork() is None:
+    if spec.resources.num_processes == 1 or why_ranks_are_not_forked() is None:
+        events = EventCollector()
         return train_job(spec, output_dir, emit=events, **kwargs), events
     assert kwargs.keys() <= {"resume"}, f"a run of several processes here takes resume alone, not {kwargs}"
+    status, events, _ = cli_run(spec, output_dir, *(["--resume"] if kwargs.get("resume") else []))
+    return status, events
+
+
+def cli_run(spec: JobSpec, output_dir: Path, *args: str) -> tuple[str, EventCollector, str]:
+    """``trainjobs train`` of ``spec`` into ``output_dir`` (and ``args``) in a child process, to its end:
+    its status, its events and what it logged (stderr)."""
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     spec_file = write_spec(spec, output_dir.parent / f"{output_dir.name}.spec.json")
-    log = output_dir.parent / f"{output_dir.name}.stderr.log"  # the child's log lines
+    log = output_dir.parent / f"{output_dir.name}.stderr.log"
+    events = EventCollector()
     with log.open("w") as stderr:
-        proc = cli_process(str(spec_file), "--output-dir", str(output_dir), "--jsonl",
-                           *(["--resume"] if kwargs.get("resume") else []), stderr=stderr)  # fmt: skip
-        for event in finish(proc):
+        for event in finish(cli_process(str(spec_file), "--output-dir", str(output_dir), "--jsonl", *args,
+                                        stderr=stderr)):  # fmt: skip
             events(event)
+    logged = log.read_text()
     done = events.of_kind("done")
-    return (done[-1]["status"] if done else f"no done event: {log.read_text()[-3000:]}"), events
+    return (done[-1]["status"] if done else f"no done event: {logged[-3000:]}"), events, logged
 
 
 def memory_after_one_step(spec: JobSpec, data: PreparedData, rows: int = 4) -> dict[str, int | None]:

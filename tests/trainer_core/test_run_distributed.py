@@ -11,6 +11,7 @@ import pytest
 
 from tests.trainer_core.runhelpers import (
     cli_process,
+    cli_run,
     done_event,
     evaluate_saved,
     events_until,
@@ -43,14 +44,7 @@ def test_two_processes_finish_and_report_gathered_metrics(
         resources={"num_processes": 2},
     )
     if forked:
-        with (tmp_path / "stderr.log").open("w") as stderr:
-            proc = cli_process(str(write_spec(spec, tmp_path / "spec.json")), "--output-dir", str(tmp_path / "out"),
-                               "--jsonl", stderr=stderr)  # fmt: skip
-            events = EventCollector()
-            for event in finish(proc):
-                events(event)
-        logged = (tmp_path / "stderr.log").read_text()
-        status = events.events[-1]["status"] if events.events else f"no events: {logged[-3000:]}"
+        status, events, logged = cli_run(spec, tmp_path / "out")
         launches = [line for line in logged.splitlines() if "the ranks are" in line or "torchrun starts" in line]
         assert len(launches) == 1 and launches[0].startswith("INFO the ranks are forks of this process"), launches
     else:

@@ -29,6 +29,7 @@ from trainer_core.sharding import shard_model
 from trainer_core.spec import JobSpec, load_spec_file
 
 VOCAB_ROWS, LENGTH = 4, 9
+RANKS_MODULE = "tests.trainer_core.memory.sharded_ranks"  # each forked rank calls its main
 
 
 def batch(spec: JobSpec, vocab: int, seed: int) -> dict[str, torch.Tensor]:
@@ -87,8 +88,6 @@ def launch(world: int, out: Path) -> int:
     launcher.stdout.read()  # the ranks write their files; a full pipe would stop them
     return launcher.wait()
 
-
-RANKS_MODULE = "tests.trainer_core.memory.sharded_ranks"
 
 if __name__ == "__main__":
     if why := unsafe_to_fork():

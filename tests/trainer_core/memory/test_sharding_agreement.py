@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.trainer_core.memory.sharded_ranks import RANKS_MODULE
 from trainer_core.memory import estimate_memory
 from trainer_core.spec import JobSpec, parse_spec
 
@@ -64,7 +65,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[st
             for mode in MODES:
                 spec = spec_for(arch, mode, world)
                 (folder / f"{arch}-{mode}.json").write_text(spec.model_dump_json(), encoding="utf-8")
-    cmd = [sys.executable, "-m", "tests.trainer_core.memory.sharded_ranks", *(f"{w}={f}" for w, f in folders.items())]
+    cmd = [sys.executable, "-m", RANKS_MODULE, *(f"{w}={f}" for w, f in folders.items())]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = {world: [json.loads(line) for rank in range(world) for line in (folder / f"rank-{rank}.jsonl").open()]
