@@ -32,14 +32,16 @@ from .test_supervisor import start_in_thread, wait_for
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
     """This test process as a slot with a fork server; secrets in its environment, as a worker has."""
-    saved = dict(os.environ)
+    saved, saved_server = dict(os.environ), forkserver._server
     os.environ.update({"TRAINJOBS_SECRET_KEY": "slot-secret", "TRAINJOBS_API_KEY": "admin-key"})
+    forkserver._server = None  # a zygote of its own, started here (not the suite's: conftest.warm_runs)
     server = start_fork_server(run_environment(os.environ))
     assert server.usable(run_environment(os.environ))
     try:
         yield server
     finally:
         stop_fork_server()
+        forkserver._server = saved_server
         os.environ.clear()
         os.environ.update(saved)
 
