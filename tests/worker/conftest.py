@@ -3,7 +3,6 @@ them, job factories, and tiny training specs on data the tests write."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ from service_core.settings import Settings
 from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
 from worker import forkserver
 from worker.procfs import all_processes
-from worker.run_env import run_environment
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -43,17 +41,8 @@ def make_settings(home: Path, **env: str) -> Settings:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def warm_runs() -> Iterator[forkserver.ForkServer]:
-    """This test process forks the runs it supervises from a zygote, as a worker slot does.
-
-    The worker tests drive real runs in-process (``execute_job``): each one a fresh interpreter would
-    spend ~5 s of CPU importing torch and transformers, on a machine whose two cores the suite keeps
-    busy. A test whose run environment differs from this one (a fault variable, a tracker's) still
-    gets a fresh interpreter: :func:`worker.forkserver.start_run` decides, as in a slot. The forked
-    path itself is tested in test_forkserver.py, with a zygote of its own."""
-    server = forkserver.start_fork_server(run_environment(os.environ))
-    yield server
-    forkserver.stop_fork_server()
+def _worker_runs_are_forked(warm_runs: forkserver.ForkServer) -> None:
+    """The worker tests drive real runs in-process (``execute_job``): forked, as in a slot."""
 
 
 @pytest.fixture(scope="session")
