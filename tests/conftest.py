@@ -1,5 +1,6 @@
-"""Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 and MLflow servers; and how
-``make test`` spreads the suite over both cores (``pytest -n 2``)."""
+"""Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 and MLflow servers, a
+zygote for the runs a test process starts; and how ``make test`` spreads the suite over both cores
+(``pytest -n 2``)."""
 
 from __future__ import annotations
 
