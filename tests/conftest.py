@@ -146,9 +146,11 @@ def warm_runs() -> Iterator[forkserver.ForkServer]:
     machine whose two cores the suite keeps busy. A run whose environment differs from this one (a
     fault variable, a tracker's) still starts fresh: start_run decides, as in a slot. The forked path
     itself is tested in tests/worker/test_forkserver.py, with a zygote of its own."""
-    # scikit-learn (the metrics) sets KMP_DUPLICATE_LIB_OK in os.environ when first imported: imported
-    # first, the runs' environments equal the zygote's, whichever test imports it.
-    import sklearn  # noqa: F401
+    # threadpoolctl sets KMP_DUPLICATE_LIB_OK in os.environ when first imported, and the first dataset a
+    # test loads in this process imports it (datasets' load_dataset -> scipy.io): imported before the
+    # zygote takes its environment, the runs' environments stay equal to it
+    # (test_forkserver.py:test_the_suites_zygote_still_serves_runs_once_a_dataset_was_loaded_here).
+    import threadpoolctl  # noqa: F401
 
     server = forkserver.start_fork_server(run_environment(os.environ))
     yield server

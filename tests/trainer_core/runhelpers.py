@@ -27,7 +27,6 @@ from trainer_core.spec import JobSpec, parse_spec
 from worker.forkserver import RunProcess, start_run
 from worker.run_env import run_environment
 
-REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("trainer", "accelerate")
 # Tiny models run an order of magnitude faster on one thread than fighting over shared cores.
 torch.set_num_threads(1)
@@ -136,10 +135,11 @@ def cli_process(*args: str, stderr: IO[Any] | None = None) -> RunProcess:
     pipe, started as a worker slot starts a run (:func:`worker.forkserver.start_run`): forked from this
     process's zygote where the test asked for one (the ``warm_runs`` fixture), else a fresh interpreter.
     Callers SIGKILL it in ``finally``."""
+    env = run_environment(os.environ)
     if stderr is not None:
-        return start_run(list(args), run_environment(os.environ), stderr)
+        return start_run(list(args), env, stderr)
     with open(os.devnull, "wb") as devnull:  # the child has its own copy
-        return start_run(list(args), run_environment(os.environ), devnull)
+        return start_run(list(args), env, devnull)
 
 
 def events_until(proc: RunProcess, stop_at_step: int | None = None) -> list[Event]:

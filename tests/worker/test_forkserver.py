@@ -203,3 +203,18 @@ def test_the_fork_server_ends_with_its_slot(tmp_path: Path) -> None:
     slot.kill()
     slot.wait()
     wait_for(lambda: group_members(int(pid)) == [], 20, "the fork server to end after its slot")
+
+
+def test_the_suites_zygote_still_serves_runs_once_a_dataset_was_loaded_here(
+    warm_runs: ForkServer, sentiment_files: dict[str, str], tmp_path: Path
+) -> None:
+    """The runs the tests start fork from the suite's zygote (tests/conftest.py:warm_runs) only while
+    this process's run environment equals the zygote's. A library that writes to os.environ on import
+    would silently send every later run to a fresh interpreter: loading a dataset imports
+    threadpoolctl, which sets KMP_DUPLICATE_LIB_OK."""
+    from datasets import load_dataset
+
+    load_dataset("csv", data_files=sentiment_files["train"], cache_dir=str(tmp_path / "cache"))
+    env = run_environment(os.environ)
+    differs = sorted(name for name in env.keys() | warm_runs.env.keys() if env.get(name) != warm_runs.env.get(name))
+    assert differs == [] and warm_runs.usable(env)
