@@ -9,10 +9,10 @@ the run's own process group), ``stdout``, ``poll``, ``wait`` and ``send_signal``
 A run still gets a clean process: its own session and group, only the run environment, its own
 stdin/stdout/stderr; nothing of the slot (database connections, threads, secrets) is in the parent
 it forks from. Whenever the warm path cannot be used, :func:`start_run` starts the run as before with
-``subprocess``: no fork server in this process (tests, ``trainjobs train``), one still importing past
-a bound, one that found itself unsafe to fork from (CUDA initialised while importing), one that died,
-or a run environment different from the one it imported with (but for :data:`RUN_TIME_VARIABLES`).
-``TRAINJOBS_PREWARM_RUNS=false`` turns it off.
+``subprocess``: no fork server in this process (``trainjobs train``, a test that asked for none), one
+still importing past a bound, one that found itself unsafe to fork from (CUDA initialised while
+importing), one that died, or a run environment different from the one it imported with (but for
+:data:`RUN_TIME_VARIABLES`). ``TRAINJOBS_PREWARM_RUNS=false`` turns it off.
 """
 
 from __future__ import annotations
@@ -75,10 +75,14 @@ class ForkServer:
                                      stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         child.close()
 
+    def differences(self, env: Mapping[str, str]) -> set[str]:
+        """The variables ``env`` sets otherwise than the zygote's environment, :data:`RUN_TIME_VARIABLES` aside."""
+        differs = {name for name in env.keys() | self.env.keys() if env.get(name) != self.env.get(name)}
+        return differs - RUN_TIME_VARIABLES
+
     def usable(self, env: Mapping[str, str]) -> bool:
         """Wait for the imports (up to :data:`READY_WAIT_S`); may a run with ``env`` be forked here?"""
-        differs = {name for name in env.keys() | self.env.keys() if env.get(name) != self.env.get(name)}
-        if differs - RUN_TIME_VARIABLES:  # the zygote imported under another environment: it would leak
+        if self.differences(env):  # the zygote imported under another environment: it would leak
             return False
         deadline = time.monotonic() + READY_WAIT_S
         with self.lock:

@@ -216,5 +216,5 @@ def test_the_suites_zygote_still_serves_runs_once_a_dataset_was_loaded_here(
 
     load_dataset("csv", data_files=sentiment_files["train"], cache_dir=str(tmp_path / "cache"))
     env = run_environment(os.environ)
-    differs = sorted(name for name in env.keys() | warm_runs.env.keys() if env.get(name) != warm_runs.env.get(name))
-    assert differs == [] and warm_runs.usable(env)
+    assert warm_runs.differences(env) == set()
+    assert warm_runs.usable(env)
