@@ -3,7 +3,9 @@ after its INSERT commits (the testing aid ``TRAINJOBS_FAULT_API_EXIT_AFTER_INSER
 so the client sees the connection drop although the job is stored. The CLI and the Python client send
 one ``Idempotency-Key`` per logical submit and retry on connection errors; once the API is back (here:
 restarted without the aid), the retry gets the first answer. Real API processes (``trainjobs serve``)
-on SQLite and on PostgreSQL."""
+on SQLite: what a key does on each database (one job under concurrent retries, the first answer
+replayed, uploads alike) is tested on SQLite and PostgreSQL in tests/api/test_idempotency.py; what
+this adds is the process dying between its commit and its answer, and the clients' retries."""
 
 from __future__ import annotations
 
@@ -22,26 +24,19 @@ from api.idempotency import FAULT_EXIT_ENV, FAULT_EXIT_STATUS
 from tests.trainer_core.datagen import write_sentiment_csv
 from tests.trainjobs.conftest import job_spec
 from tests.trainjobs.live import LiveService
-from tests.worker.conftest import create_pg_database, drop_pg_database
 from trainjobs.client import Client, ConnectionFailed
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveService]:
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[LiveService]:
     """Migrations and a database, no API yet (each test starts it with the fault aid) and no worker."""
     live = LiveService(tmp_path / "home")
     live.data_root.mkdir(parents=True)
-    name = None
-    if request.param == "postgresql":
-        name, url = create_pg_database("trainjobs_idem")
-        live.env["DATABASE_URL"] = url
     live.migrate()
     try:
         yield live
     finally:
         live.stop()
-        if name is not None:
-            drop_pg_database(name)
 
 
 def die_after_the_insert_then_come_back(live: LiveService) -> None:

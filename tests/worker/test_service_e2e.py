@@ -1,9 +1,14 @@
-"""The full path, with real parts: API (uvicorn) + Celery worker process + a real tiny training, on
+"""The full path, with real parts: API (uvicorn) + Celery worker processes + real tiny training, on
 PostgreSQL + Redis and on the embedded default (SQLite + the SQLAlchemy/SQLite broker).
 
 submit -> queued -> running -> succeeded; metrics in order over SSE and by polling; an SSE reconnect
 with Last-Event-ID resumes without gaps or repeats; artifacts list and download, the downloaded
-model loads and predicts; the measured optimizer state equals the estimate's; cancel over the API.
+model loads and predicts; the measured optimizer state equals the estimate's; cancel over the API;
+the running-jobs cap; a QLoRA chat fine-tune whose adapter loads with PEFT; a run reporting to W&B
+and MLflow, its links on the job.
+
+The tests that kill nothing share one live service per shape (the ``service`` fixture: an API, two
+worker processes, a slot each); a worker's shutdown gets a service of its own.
 """
 
 from __future__ import annotations
@@ -17,15 +22,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
+import torch
 from sqlalchemy import select
 
 from service_core.db import JobEvent
 from service_core.db.session import session_scope
+from service_core.keys import create_api_key
 from service_core.settings import Settings
 from service_core.status import ErrorReason
+from tests.mlflow_server import MlflowServer
 from tests.trainer_core.datagen import write_sentiment_csv
+from tests.trainer_core.llm_data import lm_spec, write_lm_jsonl, write_lm_tokenizer
+from tests.trainer_core.test_trackers import wandb_history, wandb_records
 from worker.procfs import cmdline
 from worker.zygote import MARKER
 
@@ -33,6 +44,7 @@ from .conftest import create_pg_database, drop_pg_database, group_members, make_
 from .live import LiveService, live_service, processes_mentioning, read_sse, start_worker, stop
 
 pytestmark = pytest.mark.slow
+FINISHED = {"succeeded", "failed", "cancelled"}
 REDIS_DB = 13  # these tests' own Redis database; queue names are unique per run as well
 
 
@@ -66,16 +78,30 @@ def started_service(kind: str, tmp_path: Path, **env: str) -> Iterator[LiveServi
         drop_pg_database(name)
 
 
-@pytest.fixture(params=["embedded", "postgres-redis"])
-def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveService]:
-    with started_service(request.param, tmp_path) as live:
-        yield live
+@pytest.fixture(scope="module", params=["embedded", "postgres-redis"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
+    """One live service per shape for the tests below that kill nothing: each makes and reads its own
+    jobs, one test at a time (pytest runs this module's tests in file order on each shape).
+
+    Two worker processes (a slot each) and a cap of one running job per owner, for the running-cap
+    test; the others run one job of alice's at a time, which neither setting changes. For the trackers
+    test: W&B's settings in the workers' environment (offline, a directory, a key), which a run gets
+    only when its spec reports to W&B (worker/run_env.py), and private tracker addresses allowed."""
+    tmp = tmp_path_factory.mktemp(request.param)
+    with pytest.MonkeyPatch.context() as patch:
+        wandb = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir(tmp)), "WANDB_API_KEY": "x" * 40}
+        for name, value in wandb.items():
+            patch.setenv(name, value)
+        with started_service(
+            request.param, tmp, TRAINJOBS_MAX_RUNNING_PER_OWNER="1", TRAINJOBS_ALLOW_PRIVATE_TARGETS="true"
+        ) as live:
+            start_worker(live)
+            yield live
 
 
-@pytest.fixture
-def redis_service(tmp_path: Path) -> Iterator[LiveService]:
-    with started_service("postgres-redis", tmp_path) as live:
-        yield live
+def wandb_dir(service_tmp: Path) -> Path:
+    """Where the runs of a ``service`` rooted at ``service_tmp`` write their offline W&B files."""
+    return service_tmp / "wandb"
 
 
 def data_files(settings: Settings) -> dict[str, str]:
@@ -152,8 +178,8 @@ def test_submit_run_stream_and_download(service: LiveService, tmp_path: Path) ->
         assert final["memory"]["measured"]["optimizer_state_bytes"] == final["estimate"]["optimizer_state_bytes"]
         assert final["progress"]["step"] == 16 and final["attempts"] == 1
 
-        # Charged its one attempt at its queue's price, and summed by GET /v1/usage (a fresh database:
-        # this job alone), on both database shapes.
+        # Charged its one attempt at its queue's price, and summed by GET /v1/usage (this test runs
+        # first on its shape's fresh database: this job alone), on both database shapes.
         usage = final["usage"]
         ran = datetime.fromisoformat(final["finished_at"]) - datetime.fromisoformat(final["started_at"])
         assert usage["run_seconds"] == pytest.approx(ran.total_seconds(), abs=1e-3) and usage["run_seconds"] > 0
@@ -177,7 +203,6 @@ def test_submit_run_stream_and_download(service: LiveService, tmp_path: Path) ->
 
 
 def predict_with(model_dir: Path) -> None:
-    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)
@@ -189,8 +214,8 @@ def predict_with(model_dir: Path) -> None:
     assert logits.shape == (2, 2) and torch.isfinite(logits).all()
 
 
-def test_cancel_queued_running_and_finished_jobs(redis_service: LiveService) -> None:
-    service = redis_service
+@pytest.mark.parametrize("service", ["postgres-redis"], indirect=True)
+def test_cancel_queued_running_and_finished_jobs(service: LiveService) -> None:
     files = data_files(service.settings)
     with service.client(timeout=30) as client:
         running = client.post("/v1/jobs", json={**quick_spec(files, num_train_epochs=200), "queue": service.queue})
@@ -219,6 +244,139 @@ def test_cancel_queued_running_and_finished_jobs(redis_service: LiveService) -> 
         assert group_members(pgid) == []  # the training process group is gone
         assert client.post(f"/v1/jobs/{running_id}/cancel").status_code == 409
     redis_cleanup(f"{service.queue}-idle")
+
+
+def wait_warmed_up(client: httpx.Client, timeout: float = 600) -> None:
+    """Until the API has imported the training stack (a submit meanwhile may meet it half-imported on a
+    loaded machine, see api/preflight.py; it waits at most 10 s for those imports)."""
+    deadline = time.monotonic() + timeout
+    while not client.get("/readyz").json().get("warmed_up"):
+        assert time.monotonic() < deadline, "the API did not warm up"
+        time.sleep(0.5)
+
+
+def test_an_owners_second_job_waits_for_its_first_while_others_start(service: LiveService) -> None:
+    """With a cap of 1, an owner's second job waits in the queue (saying why) until its first ends,
+    while another owner's job starts on the free slot meanwhile."""
+    with session_scope(service.settings.database_url) as session:
+        bob_key = create_api_key(session, "bob", settings=service.settings)
+    files = data_files(service.settings)
+    short = {**quick_spec(files), "queue": service.queue}
+    bob = httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {bob_key}"}, timeout=120)
+    with service.client(timeout=120) as alice, bob:
+        wait_warmed_up(alice)
+        # Long enough to outlast everything below; cancelled at the end.
+        created = alice.post("/v1/jobs", json={**quick_spec(files, num_train_epochs=200), "queue": service.queue})
+        assert created.status_code == 201, created.text
+        long_id = created.json()["id"]
+        wait_status(alice, long_id, {"running"}, timeout=120)
+        second = alice.post("/v1/jobs", json=short)  # submitting over the cap is not refused
+        bobs = bob.post("/v1/jobs", json=short)
+        assert (second.status_code, bobs.status_code) == (201, 201), second.text + bobs.text
+        second_id, bobs_id = second.json()["id"], bobs.json()["id"]
+
+        bobs_job = wait_status(bob, bobs_id, FINISHED, timeout=180)  # ran on the free slot meanwhile
+        assert bobs_job["status"] == "succeeded"
+        held = alice.get(f"/v1/jobs/{second_id}").json()
+        assert (held["status"], held["attempts"]) == ("queued", 0)
+        assert "TRAINJOBS_MAX_RUNNING_PER_OWNER=1" in held["waiting"]
+        assert alice.get(f"/v1/jobs/{long_id}").json()["status"] == "running"
+
+        assert alice.post(f"/v1/jobs/{long_id}/cancel").status_code == 202
+        first = wait_status(alice, long_id, FINISHED, timeout=120)
+        ran = wait_status(alice, second_id, FINISHED, timeout=180)
+    assert (first["status"], ran["status"], ran["waiting"]) == ("cancelled", "succeeded", None)
+    assert ran["started_at"] >= first["finished_at"]  # never two of alice's jobs at once
+    assert bobs_job["started_at"] < first["finished_at"]
+
+
+LM_TRAINING = {"max_steps": 4, "per_device_train_batch_size": 4, "logging_steps": 1, "learning_rate": 1e-2,
+               "eval_strategy": "steps", "eval_steps": 4, "save_steps": 1000}  # fmt: skip
+
+
+@pytest.mark.parametrize("service", ["embedded"], indirect=True)
+def test_a_qlora_job_streams_metrics_and_its_adapter_loads(service: LiveService, tmp_path: Path) -> None:
+    """A QLoRA chat fine-tune through the whole service: its metrics streamed over SSE, its 4-bit base
+    sized to the byte, its adapter downloaded and loaded with PEFT."""
+    from peft import PeftModel
+
+    from trainer_core.adapters import build_base_model
+    from trainer_core.spec import parse_spec
+
+    root = service.settings.data_root / "lm"  # jobs read local paths under the data root only
+    files, tokenizer = write_lm_jsonl(root / "data", "chat"), write_lm_tokenizer(root / "tok")
+    spec = lm_spec(files, tokenizer, adapter={"type": "qlora", "r": 8, "compute_dtype": "fp32"}, training=LM_TRAINING)
+    with service.client(timeout=120) as client:  # a submit loads the tokenizer
+        wait_warmed_up(client)
+        created = client.post("/v1/jobs", json={**spec, "queue": service.queue})
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        with client.stream("GET", f"/v1/jobs/{job_id}/events", timeout=600) as response:
+            frames = read_sse(response)  # ends when the job does
+        final = wait_status(client, job_id, FINISHED, timeout=30)
+        assert final["status"] == "succeeded", final["error"]
+        assert [f["data"]["step"] for f in frames if f["event"] == "metric"] == [1, 2, 3, 4]
+        (evaluation,) = [f["data"]["values"] for f in frames if f["event"] == "eval"]
+        assert set(evaluation) == {"eval_loss", "eval_perplexity"}
+        measured, estimate = final["memory"]["measured"], final["estimate"]
+        assert measured["parameter_bytes"] == estimate["parameter_bytes"]  # the 4-bit base, to the byte
+        assert measured["optimizer_state_bytes"] == estimate["optimizer_state_bytes"]
+        listing = {item["path"] for item in client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]}
+        assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= listing
+        model_dir = tmp_path / "downloaded"
+        model_dir.mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            got = client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
+            assert got.status_code == 200
+            (model_dir / name).write_bytes(got.content)
+
+    job_spec = parse_spec(spec)
+    torch.manual_seed(job_spec.training.seed)
+    model = PeftModel.from_pretrained(build_base_model(job_spec, []), str(model_dir)).eval()
+    with torch.no_grad():
+        generated = model.generate(input_ids=torch.tensor([[2, 5, 9]]), max_new_tokens=3, do_sample=False)
+    assert generated.shape == (1, 6)
+
+
+@pytest.mark.parametrize("service", ["embedded"], indirect=True)
+def test_a_job_reports_to_wandb_and_mlflow_and_shows_their_links(
+    service: LiveService, mlflow_tracking: MlflowServer
+) -> None:
+    """W&B and MLflow through the whole service: the spec's MLflow server is on this machine (allowed by
+    TRAINJOBS_ALLOW_PRIVATE_TARGETS). The run's links land in ``jobs.tracker_links`` and come back on
+    ``GET /v1/jobs/{id}``; both trackers hold the job's own metric points."""
+    from mlflow import MlflowClient
+
+    files = write_sentiment_csv(service.settings.data_root / "trackers", n_train=32, n_val=8)
+    spec = quick_spec(files, report_to=["wandb", "mlflow"], eval_strategy="steps", eval_steps=2)
+    experiment = f"e2e-{uuid.uuid4().hex[:8]}"
+    spec["integrations"] = {"mlflow": {"tracking_uri": mlflow_tracking.url, "experiment": experiment}}
+    with service.client(timeout=30) as client:
+        created = client.post("/v1/jobs", json={**spec, "queue": service.queue})
+        assert created.status_code == 201, created.text
+        job = wait_status(client, created.json()["id"], FINISHED, timeout=240)
+        assert job["status"] == "succeeded", job["error"]
+        points = client.get(f"/v1/jobs/{job['id']}/metrics", params={"limit": 1000}).json()["items"]
+
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for point in points:
+        expected.setdefault(point["name"], []).append((point["step"], point["value"]))
+    links = job["tracker_links"]
+    assert set(links) == {"wandb", "mlflow"}
+
+    runs_dir = wandb_dir(service.settings.home.parent)
+    assert links["wandb"]["url"] is None and links["wandb"]["dir"].startswith(str(runs_dir))
+    (run_file,) = runs_dir.rglob(f"run-{links['wandb']['run_id']}.wandb")
+    assert wandb_history(wandb_records(run_file)) == expected
+
+    mlflow = MlflowClient(tracking_uri=mlflow_tracking.url)
+    run = mlflow.get_run(links["mlflow"]["run_id"])
+    page = f"{mlflow_tracking.url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    assert links["mlflow"]["url"] == page
+    assert run.info.status == "FINISHED" and run.data.params["name"] == spec["name"]
+    for name, want in expected.items():
+        got = sorted((m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, name))
+        assert got == want, name
 
 
 def requeue_event(settings: Settings, job_id: str) -> dict[str, Any]:
