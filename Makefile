@@ -42,15 +42,17 @@ chromium:
 # Both cores by default (xdist; tests/conftest.py says how the work is split); PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 
+PYTEST_RUN = $(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --durations=30
+
 pytest: $(STAMP) chromium
-	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --durations=30
+	$(PYTEST_RUN)
 
 # mypy beside pytest, at the lowest priority: with no cache (a clean clone) it takes about a minute of
 # one core, and the suite leaves a quarter of both cores idle while its tests wait on their services.
 # Its report prints after pytest's; either failing fails the target.
 test: lint $(STAMP) chromium
 	@log=$$(mktemp); nice -n 19 $(BIN)/mypy > $$log 2>&1 & typing=$$!; \
-	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --durations=30; tests=$$?; \
+	$(PYTEST_RUN); tests=$$?; \
 	wait $$typing; typed=$$?; echo "== mypy =="; cat $$log; rm -f $$log; \
 	test $$tests -eq 0 -a $$typed -eq 0
 

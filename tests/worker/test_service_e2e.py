@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +32,7 @@ from service_core.db import JobEvent
 from service_core.db.session import session_scope
 from service_core.keys import create_api_key
 from service_core.settings import Settings
-from service_core.status import ErrorReason
+from service_core.status import TERMINAL_STATUSES, ErrorReason
 from tests.mlflow_server import MlflowServer
 from tests.trainer_core.datagen import write_sentiment_csv
 from tests.trainer_core.llm_data import lm_spec, write_lm_jsonl, write_lm_tokenizer
@@ -44,7 +44,6 @@ from .conftest import create_pg_database, drop_pg_database, group_members, make_
 from .live import LiveService, live_service, processes_mentioning, read_sse, start_worker, stop
 
 pytestmark = pytest.mark.slow
-FINISHED = {"succeeded", "failed", "cancelled"}
 REDIS_DB = 13  # these tests' own Redis database; queue names are unique per run as well
 
 
@@ -109,7 +108,7 @@ def data_files(settings: Settings) -> dict[str, str]:
     return write_sentiment_csv(settings.data_root / "sentiment", n_train=64, n_val=16)
 
 
-def wait_status(client: Any, job_id: str, wanted: set[str], timeout: float) -> dict[str, Any]:
+def wait_status(client: Any, job_id: str, wanted: Collection[str], timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
@@ -128,7 +127,7 @@ def poll_metrics(client: Any, job_id: str, timeout: float) -> list[dict[str, Any
         page = client.get(f"/v1/jobs/{job_id}/metrics", params={"after": after, "limit": 7}).json()
         points.extend(page["items"])
         after = page["next_after"]
-        if status in ("succeeded", "failed", "cancelled") and not page["has_more"] and not page["items"]:
+        if status in TERMINAL_STATUSES and not page["has_more"] and not page["items"]:
             return points
         if not page["has_more"]:
             time.sleep(0.2)
@@ -154,7 +153,7 @@ def test_submit_run_stream_and_download(service: LiveService, tmp_path: Path) ->
         ) as response:
             rest = read_sse(response)
         polled = poll_metrics(client, job_id, timeout=60)
-        final = wait_status(client, job_id, {"succeeded", "failed", "cancelled"}, timeout=10)
+        final = wait_status(client, job_id, TERMINAL_STATUSES, timeout=10)
         assert final["status"] == "succeeded", final["error"]
 
         frames = first + rest
@@ -237,7 +236,7 @@ def test_cancel_queued_running_and_finished_jobs(service: LiveService) -> None:
         # The slot forked the run from its pre-imported parent (worker/forkserver.py), not a new interpreter.
         assert MARKER.encode() in cmdline(pgid)
         assert client.post(f"/v1/jobs/{running_id}/cancel").status_code == 202
-        job = wait_status(client, running_id, {"cancelled", "failed", "succeeded"}, timeout=60)
+        job = wait_status(client, running_id, TERMINAL_STATUSES, timeout=60)
         assert job["status"] == "cancelled"
         # One name for one end state, however far the job had got.
         assert job["error"]["reason"] == cancelled_queued["error"]["reason"] == ErrorReason.cancelled
@@ -275,7 +274,7 @@ def test_an_owners_second_job_waits_for_its_first_while_others_start(service: Li
         assert (second.status_code, bobs.status_code) == (201, 201), second.text + bobs.text
         second_id, bobs_id = second.json()["id"], bobs.json()["id"]
 
-        bobs_job = wait_status(bob, bobs_id, FINISHED, timeout=180)  # ran on the free slot meanwhile
+        bobs_job = wait_status(bob, bobs_id, TERMINAL_STATUSES, timeout=180)  # ran on the free slot meanwhile
         assert bobs_job["status"] == "succeeded"
         held = alice.get(f"/v1/jobs/{second_id}").json()
         assert (held["status"], held["attempts"]) == ("queued", 0)
@@ -283,8 +282,8 @@ def test_an_owners_second_job_waits_for_its_first_while_others_start(service: Li
         assert alice.get(f"/v1/jobs/{long_id}").json()["status"] == "running"
 
         assert alice.post(f"/v1/jobs/{long_id}/cancel").status_code == 202
-        first = wait_status(alice, long_id, FINISHED, timeout=120)
-        ran = wait_status(alice, second_id, FINISHED, timeout=180)
+        first = wait_status(alice, long_id, TERMINAL_STATUSES, timeout=120)
+        ran = wait_status(alice, second_id, TERMINAL_STATUSES, timeout=180)
     assert (first["status"], ran["status"], ran["waiting"]) == ("cancelled", "succeeded", None)
     assert ran["started_at"] >= first["finished_at"]  # never two of alice's jobs at once
     assert bobs_job["started_at"] < first["finished_at"]
@@ -313,7 +312,7 @@ def test_a_qlora_job_streams_metrics_and_its_adapter_loads(service: LiveService,
         job_id = created.json()["id"]
         with client.stream("GET", f"/v1/jobs/{job_id}/events", timeout=600) as response:
             frames = read_sse(response)  # ends when the job does
-        final = wait_status(client, job_id, FINISHED, timeout=30)
+        final = wait_status(client, job_id, TERMINAL_STATUSES, timeout=30)
         assert final["status"] == "succeeded", final["error"]
         assert [f["data"]["step"] for f in frames if f["event"] == "metric"] == [1, 2, 3, 4]
         (evaluation,) = [f["data"]["values"] for f in frames if f["event"] == "eval"]
@@ -354,7 +353,7 @@ def test_a_job_reports_to_wandb_and_mlflow_and_shows_their_links(
     with service.client(timeout=30) as client:
         created = client.post("/v1/jobs", json={**spec, "queue": service.queue})
         assert created.status_code == 201, created.text
-        job = wait_status(client, created.json()["id"], FINISHED, timeout=240)
+        job = wait_status(client, created.json()["id"], TERMINAL_STATUSES, timeout=240)
         assert job["status"] == "succeeded", job["error"]
         points = client.get(f"/v1/jobs/{job['id']}/metrics", params={"limit": 1000}).json()["items"]
 
@@ -409,7 +408,7 @@ def test_worker_shutdown_requeues_and_a_new_worker_resumes(tmp_path: Path) -> No
 
         restarted = start_worker(service)
         try:
-            final = wait_status(client, job_id, {"succeeded", "failed", "cancelled"}, timeout=90)
+            final = wait_status(client, job_id, TERMINAL_STATUSES, timeout=90)
         finally:
             stop(restarted, 60)
         assert (final["status"], final["attempts"], final["progress"]["step"]) == ("succeeded", 2, total)
