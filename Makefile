@@ -14,12 +14,19 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test lint typecheck pytest venv clean bench chromium
 
+# The venv is filled by uv (itself from PyPI, into the venv): the same versions as pip resolves, in
+# about 15 s here against pip's 90, and a clean clone's `make test` builds it every time. uv reads no
+# pip configuration, so PIP_FIND_LINKS (where a machine keeps local wheels, such as a CPU torch) is
+# handed over.
+UV := $(if $(PIP_FIND_LINKS),UV_FIND_LINKS="$(PIP_FIND_LINKS)") UV_PYTHON=$(BIN)/python $(BIN)/python -m uv pip
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q uv
+	$(UV) install -q --upgrade pip
 	# torch first and pinned: the CPU wheel on this disk, never an unpinned CUDA build.
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	$(UV) install -q torch==2.13.0
+	$(UV) install -q -e '.[all,dev]' torch==2.13.0
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
