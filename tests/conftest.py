@@ -43,22 +43,23 @@ LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's sessio
     for name in ("init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume",
                  "preference")
 )
-HEAVY_UNITS: dict[str, int] = {
-    "tests/bench/test_gpu_check_smoke.py": 60,
-    "tests/trainjobs live service": 250,
-    "tests/fleet/": 340,
-    "tests/worker/test_lease_live.py": 200,
-    "tests/worker/test_service_e2e.py": 260,
-    "tests/worker/test_restarts_and_outages.py": 170,
-    "tests/bench/test_chaos_short.py": 160,
-    "tests/trainjobs/test_dev_launcher.py": 140,
-    "tests/trainer_core/test_run_distributed.py": 130,
-    "tests/trainer_core/test_run_sharded.py": 120,
-    "tests/ui/": 110,
-    "tests/trainer_core/test_run_resume.py": 100,
-    "tests/worker/test_oom_retry.py": 90,
-    "tests/worker/test_forkserver.py": 75,
-    "tests/trainer_core/memory/test_sharding_agreement.py": 70,
+HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06 (pytest -n 2, junit times per unit)
+    "tests/fleet/": 195,
+    "tests/ui/": 115,
+    "tests/worker/test_service_e2e.py": 100,
+    "tests/trainjobs live service": 95,
+    "tests/worker/test_lease_live.py": 75,
+    "tests/bench/test_chaos_short.py": 65,
+    "tests/trainjobs/test_dev_launcher.py": 50,
+    "tests/worker/test_checkpoints_in_store.py": 40,
+    "tests/api/test_schema_fuzz.py": 35,
+    "tests/worker/test_gang.py": 35,
+    "tests/bench/test_gpu_check_smoke.py": 32,
+    "tests/worker/test_forkserver.py": 26,
+    "tests/worker/test_restarts_and_outages.py": 24,
+    "tests/trainer_core/memory/test_sharding_agreement.py": 21,
+    "tests/trainer_core/test_run_sharded.py": 19,
+    "tests/trainer_core/test_run_distributed.py": 15,
 }
 
 
@@ -145,11 +146,13 @@ def warm_runs() -> Iterator[forkserver.ForkServer]:
     machine whose two cores the suite keeps busy. A run whose environment differs from this one (a
     fault variable, a tracker's) still starts fresh: start_run decides, as in a slot. The forked path
     itself is tested in tests/worker/test_forkserver.py, with a zygote of its own."""
-    # threadpoolctl sets KMP_DUPLICATE_LIB_OK in os.environ when first imported, and the first dataset a
-    # test loads in this process imports it (datasets' load_dataset -> scipy.io): imported before the
-    # zygote takes its environment, the runs' environments stay equal to it
-    # (test_forkserver.py:test_the_suites_zygote_still_serves_runs_once_a_dataset_was_loaded_here).
+    # Two libraries write to os.environ when first imported, and the in-process tests import them:
+    # threadpoolctl sets KMP_DUPLICATE_LIB_OK (the first dataset a test loads: datasets' load_dataset ->
+    # scipy.io), torch._dynamo sets TORCHINDUCTOR_CACHE_DIR (the first model a test builds:
+    # transformers.integrations.deepgemm). Imported before the zygote takes its environment, the runs'
+    # environments stay equal to it (test_forkserver.py:test_the_suites_zygote_still_serves_runs_...).
     import threadpoolctl  # noqa: F401
+    import torch._dynamo  # noqa: F401
 
     server = forkserver.start_fork_server(run_environment(os.environ))
     yield server

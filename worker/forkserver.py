@@ -55,8 +55,9 @@ class RunProcess(Protocol):
 # Variables read only once a run runs, never while it imports: a run whose environment differs from
 # the zygote's in these alone is forked all the same, and has them (its child takes the request's
 # environment). A node of a multi-node job names gloo's network interface (worker/gang.py:run_env),
-# which torch reads as the process group forms.
-RUN_TIME_VARIABLES = frozenset({"GLOO_SOCKET_IFNAME"})
+# which torch reads as the process group forms; the OOM testing aid is read as the run starts training
+# (trainer_core/oom_fault.py, a name this module cannot import without torch).
+RUN_TIME_VARIABLES = frozenset({"GLOO_SOCKET_IFNAME", "TRAINJOBS_FAULT_OOM_ABOVE_MICROBATCH"})
 
 
 class ForkServer:
@@ -86,6 +87,8 @@ class ForkServer:
             return False
         deadline = time.monotonic() + READY_WAIT_S
         with self.lock:
+            if self.proc.poll() is not None:  # killed while idle: no message would say so before a launch
+                self._died()
             while self.ready is None and not self.dead and time.monotonic() < deadline:
                 self._read(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
             return bool(self.ready) and not self.dead

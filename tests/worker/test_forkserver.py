@@ -19,7 +19,14 @@ from service_core.db.session import session_scope
 from service_core.settings import Settings
 from worker import forkserver
 from worker.execute import execute_job
-from worker.forkserver import ForkedRun, ForkServer, fork_server_pid, start_fork_server, start_run, stop_fork_server
+from worker.forkserver import (
+    RUN_TIME_VARIABLES,
+    ForkedRun,
+    ForkServer,
+    fork_server_pid,
+    start_fork_server,
+    start_run,
+)
 from worker.lease import kill_own_runs
 from worker.paths import run_paths
 from worker.procfs import environ, parent_of
@@ -30,18 +37,20 @@ from .test_supervisor import start_in_thread, wait_for
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
-    """This test process as a slot with a fork server; secrets in its environment, as a worker has."""
-    saved, saved_server = dict(os.environ), forkserver._server
+def warm(warm_runs: ForkServer) -> Iterator[ForkServer]:
+    """This test process as a slot with its fork server, secrets in its environment as a worker has.
+
+    The fork server is the suite's (tests/conftest.py:warm_runs), the one :func:`start_fork_server`
+    returns here. A second zygote in this process would be one more child leading its own group with
+    the run marker: ``kill_own_runs`` spares only the current fork server, so the fencing test below
+    killed the suite's zygote as a run, and every later run of this test process started fresh."""
+    saved = dict(os.environ)
     os.environ.update({"TRAINJOBS_SECRET_KEY": "slot-secret", "TRAINJOBS_API_KEY": "admin-key"})
-    forkserver._server = None  # a zygote of its own, started here (not the suite's: conftest.warm_runs)
-    server = start_fork_server(run_environment(os.environ))
-    assert server.usable(run_environment(os.environ))
+    assert start_fork_server(run_environment(os.environ)) is warm_runs
+    assert warm_runs.usable(run_environment(os.environ))  # the secrets are not in a run's environment
     try:
-        yield server
+        yield warm_runs
     finally:
-        stop_fork_server()
-        forkserver._server = saved_server
         os.environ.clear()
         os.environ.update(saved)
 
@@ -148,11 +157,22 @@ def test_another_run_environment_starts_a_fresh_interpreter(warm: ForkServer, tm
     assert run.wait(timeout=120) == 0
 
 
-def test_a_run_naming_gloos_network_interface_is_still_forked(warm: ForkServer, tmp_path: Path) -> None:
+def test_the_oom_testing_aid_is_a_run_time_variable() -> None:
+    # worker.forkserver names it without importing trainer_core (torch): the two names must agree.
+    from trainer_core.oom_fault import FAULT_OOM_ENV
+
+    assert FAULT_OOM_ENV in RUN_TIME_VARIABLES
+
+
+@pytest.mark.parametrize("variable", sorted(RUN_TIME_VARIABLES))
+def test_a_run_setting_a_variable_read_at_run_time_is_still_forked(
+    warm: ForkServer, tmp_path: Path, variable: str
+) -> None:
     # A node of a multi-node job names gloo's interface (worker/gang.py:run_env), read only as the
-    # process group forms: the zygote, which imported without it, still forks the run. (That the run
-    # has it, the fleet's two-node jobs show: over the hosts' veth links, gloo needs it.)
-    env = {**warm.env, "GLOO_SOCKET_IFNAME": "veth-test"}
+    # process group forms; the OOM testing aid is read as training starts: the zygote, which imported
+    # without them, still forks the run. (That the run has them, the fleet's two-node jobs show: over
+    # the hosts' veth links, gloo needs it; and tests/worker/test_oom_retry.py's runs meet the fault.)
+    env = {**warm.env, variable: "1"}
     with (tmp_path / "log").open("ab") as log:
         run = start_run(blocked_run_args(tmp_path), env, log)
     try:
@@ -177,6 +197,7 @@ def test_a_dead_fork_server_loses_no_run_and_later_runs_start_fresh(tmp_path: Pa
             assert run.poll() is None  # the orphaned run is still there: no status made up for it
             os.kill(run.pid, signal.SIGKILL)
             assert run.wait(timeout=30) == -signal.SIGKILL  # gone unreported: counted as killed
+            assert not server.usable(env)  # seen dead before a launch is tried
             fresh = start_run(["--help"], env, log)
         assert isinstance(fresh, subprocess.Popen)
         assert fresh.wait(timeout=120) == 0
@@ -209,9 +230,11 @@ def test_the_suites_zygote_still_serves_runs_once_a_dataset_was_loaded_here(
     warm_runs: ForkServer, sentiment_files: dict[str, str], tmp_path: Path
 ) -> None:
     """The runs the tests start fork from the suite's zygote (tests/conftest.py:warm_runs) only while
-    this process's run environment equals the zygote's. A library that writes to os.environ on import
-    would silently send every later run to a fresh interpreter: loading a dataset imports
-    threadpoolctl, which sets KMP_DUPLICATE_LIB_OK."""
+    this process's run environment equals the zygote's, and it lives. A library that writes to
+    os.environ on import would silently send every later run to a fresh interpreter: loading a dataset
+    imports threadpoolctl, which sets KMP_DUPLICATE_LIB_OK; building a model imports torch._dynamo,
+    which sets TORCHINDUCTOR_CACHE_DIR."""
+    import torch._dynamo  # noqa: F401
     from datasets import load_dataset
 
     load_dataset("csv", data_files=sentiment_files["train"], cache_dir=str(tmp_path / "cache"))
