@@ -75,8 +75,9 @@ def interrupt(process: subprocess.Popen[bytes], sig: signal.Signals = signal.SIG
 def test_ctrl_c_then_restart_finishes_the_running_job(tmp_path: Path) -> None:
     home, port = tmp_path / "var", free_port()
     files = write_sentiment_csv(home / "data" / "reviews", n_train=96, n_val=16)
-    # Long enough (360 tiny steps) that Ctrl-C lands mid-run however fast the machine is.
-    training = {"num_train_epochs": 30, "save_steps": 2, "eval_strategy": "no"}
+    # Long enough (180 tiny steps) that Ctrl-C lands mid-run however fast the machine is. No periodic
+    # checkpoint (save_steps stays 500): the one the run writes as Ctrl-C stops it is what it resumes from.
+    training = {"num_train_epochs": 30, "eval_strategy": "no"}
     spec: dict[str, Any] = job_spec(files, "interrupted", training=training)
     dev = start_dev(home, port)
     try:
@@ -91,11 +92,14 @@ def test_ctrl_c_then_restart_finishes_the_running_job(tmp_path: Path) -> None:
 
     dev = start_dev(home, port)
     try:
-        # It has a checkpoint (save_steps 2, stopped after step 3): back in the queue, not "running".
+        # It has the checkpoint its stop wrote: back in the queue, not "running".
         assert client.get(job_id)["status"] in ("queued", "running")
-        statuses = [e.data["status"] for e in client.events(job_id) if e.event == "status"]
+        changes = [e.data for e in client.events(job_id) if e.event == "status"]
+        statuses = [data["status"] for data in changes]
         assert statuses[-1] == "succeeded"
         assert "queued" in statuses[1:], statuses  # it went back to the queue and ran again
+        requeue = next(data for data in changes if data["status"] == "queued" and data.get("previous") == "running")
+        assert "from checkpoint-" in requeue["message"], requeue  # not from the start
         assert client.get(job_id)["attempts"] == 2
     finally:
         interrupt(dev)
