@@ -144,8 +144,9 @@ def warm_runs() -> Iterator[forkserver.ForkServer]:
 
     Each such run a fresh interpreter would spend ~5 s of CPU importing torch and transformers, on a
     machine whose two cores the suite keeps busy. A run whose environment differs from this one (a
-    fault variable, a tracker's) still starts fresh: start_run decides, as in a slot. The forked path
-    itself is tested in tests/worker/test_forkserver.py, with a zygote of its own."""
+    tracker's variables, say) still starts fresh: start_run decides, as in a slot. The forked path
+    itself is tested in tests/worker/test_forkserver.py on this zygote (only the tests that kill a
+    zygote start one of their own: a second zygote here would be killed as a run by kill_own_runs)."""
     # Two libraries write to os.environ when first imported, and the in-process tests import them:
     # threadpoolctl sets KMP_DUPLICATE_LIB_OK (the first dataset a test loads: datasets' load_dataset ->
     # scipy.io), torch._dynamo sets TORCHINDUCTOR_CACHE_DIR (the first model a test builds:
