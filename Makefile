@@ -24,8 +24,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv
 	$(UV) install -q --upgrade pip
-	# torch first and pinned: the CPU wheel on this disk, never an unpinned CUDA build.
-	$(UV) install -q torch==2.13.0
+	# torch pinned in the one resolution: the CPU wheel on this disk, never an unpinned CUDA build.
 	$(UV) install -q -e '.[all,dev]' torch==2.13.0
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
