@@ -8,7 +8,10 @@ SeaweedFS listens on the bridge itself. Leases are short, so a lost host's job m
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
@@ -25,6 +28,7 @@ from bench.chaos_proxy import TcpProxy
 from service_core.db import Base, Job, JobEvent
 from service_core.db.session import get_engine, session_scope
 from service_core.keys import create_api_key
+from service_core.runs import run_work_dir
 from service_core.settings import Settings
 from service_core.status import TERMINAL_STATUSES
 from tests.worker.conftest import create_pg_database, drop_pg_database, make_settings, quick_spec
@@ -139,6 +143,42 @@ class Fleet:
         """The manifests of the job's complete checkpoints in the store, oldest step first."""
         fs = self.store_fs()
         return [json.loads(fs.cat_file(path)) for path in self._manifest_paths(job_id)]
+
+    def run_pids(self, job_id: str) -> dict[str, int]:
+        """The leader pid of the job's run on each worker host that has one now, by host name (the pid
+        file its slot writes as the run starts and removes as it ends)."""
+        pids = {}
+        for host in self.worker_hosts:
+            with contextlib.suppress(OSError, ValueError):
+                pids[host.name] = int((run_work_dir(self.settings(host).home, job_id) / "run.pid").read_text())
+        return pids
+
+    @contextmanager
+    def held_at_a_checkpoint(self, job_id: str) -> Iterator[dict[str, int]]:
+        """Freeze the job's runs (SIGSTOP to each one's process group) as soon as one of them has written
+        a complete checkpoint, until the block ends (SIGCONT to those still there); yields their pids by
+        host name.
+
+        The slots go on: the checkpoint reaches the store, and a host is lost or cut while the job is
+        certainly mid-run. Unheld, the tiny job trains its 192 steps in about a second on an idle
+        machine, faster than a test sees its first checkpoint land in the store."""
+        from trainer_core.checkpoint import newest_checkpoint
+
+        def written() -> bool:
+            return any(newest_checkpoint(run_work_dir(self.settings(host).home, job_id) / "output") is not None
+                       for host in self.worker_hosts)  # fmt: skip
+
+        wait_for("a checkpoint on a worker host's disk", written, timeout=240, every=0.01)
+        pids = self.run_pids(job_id)
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGSTOP)
+        try:
+            yield pids
+        finally:
+            for pid in pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGCONT)
 
     def stop_workers(self, queue: str) -> None:
         """End every worker host's processes and give each a fresh disk; forget ``queue``'s messages."""

@@ -18,9 +18,9 @@ from .netns import Host
 from .stack import TERMINAL, Fleet, dataset_spec, wait_for
 
 pytestmark = pytest.mark.slow
-# 8 steps an epoch on the session's dataset; a job of 192 steps takes seconds on an idle machine and
-# minutes on a loaded one, and its loss lands mid-run either way: long enough that the first
-# checkpoint's upload (a second on an idle machine, many under the suite's load) lands mid-run too.
+# 8 steps an epoch on the session's dataset. A job of 192 steps takes about a second on an idle machine
+# and minutes on a loaded one: the tests that lose a host after a checkpoint hold the run at its first
+# (Fleet.held_at_a_checkpoint), so the loss lands mid-run either way.
 EPOCHS = 24
 STEPS = EPOCHS * 8
 
@@ -73,10 +73,11 @@ def test_a_host_lost_mid_job_resumes_on_the_other_host_from_the_store(
 ) -> None:
     fleet = fleet_stack
     job_id, lost, other = start_job(fleet, queue, sentiment_dataset, save_steps=10)
-    wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=180)
-    stored = fleet.stored_checkpoints(job_id)[-1]
-    assert fleet.job(job_id).progress_step < STEPS, "the job ended before the host could be lost"
-    lost.lose()
+    with fleet.held_at_a_checkpoint(job_id):
+        wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=180)
+        stored = fleet.stored_checkpoints(job_id)[-1]
+        assert fleet.job(job_id).progress_step < STEPS
+        lost.lose()
 
     finished_on(fleet, job_id, other)
     # The other host had nothing on its disk: it resumed from the store's checkpoint (or a newer one
@@ -102,14 +103,16 @@ def test_a_host_cut_off_past_its_lease_is_fenced_out_when_it_comes_back(
 ) -> None:
     fleet = fleet_stack
     job_id, cut, other = start_job(fleet, queue, sentiment_dataset, save_steps=10)
-    wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=180)
-    run = int((fleet.settings(cut).home / "runs" / job_id / "run.pid").read_text())
-    cut.cut()
-    try:
-        wait_for("the job to run on the other host",
-                 lambda: fleet.host_running(job_id) is other and fleet.job(job_id).attempts == 2)  # fmt: skip
-    finally:
-        cut.reconnect()
+    # Held while cut off, then going on: the stale run still trains when its host comes back.
+    with fleet.held_at_a_checkpoint(job_id) as runs:
+        wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=180)
+        cut.cut()
+        try:
+            wait_for("the job to run on the other host",
+                     lambda: fleet.host_running(job_id) is other and fleet.job(job_id).attempts == 2)  # fmt: skip
+        finally:
+            cut.reconnect()
+    run = runs[cut.name]
     wait_for("the stale run to be killed", lambda: not is_alive(run), timeout=60)
 
     finished_on(fleet, job_id, other)

@@ -122,11 +122,12 @@ def test_a_lost_node_restarts_the_sharded_gang_from_the_store_with_exact_steps(
     spec = dataset_spec(sentiment_dataset, num_train_epochs=epochs, logging_steps=1, save_steps=8, backend="accelerate")
     spec["efficiency"] = {**spec.get("efficiency", {}), "sharding": "fsdp"}
     job_id = submit(fleet, spec, queue, num_nodes=2, num_processes=1)
-    wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=240)
-    stored = fleet.stored_checkpoints(job_id)[-1]
-    assert fleet.job(job_id).progress_step < total, "the job ended before a host could be lost"
     lost = fleet.worker_hosts[0]
-    lost.lose()
+    with fleet.held_at_a_checkpoint(job_id):
+        wait_for("a checkpoint in the store", lambda: fleet.stored_checkpoints(job_id) != [], timeout=240)
+        stored = fleet.stored_checkpoints(job_id)[-1]
+        assert fleet.job(job_id).progress_step < total
+        lost.lose()  # the other node's run goes on as the block ends, and finds its peer gone
     wait_for("the gang's attempt to end", lambda: fleet.job(job_id).status != "running", timeout=60)
     # A replacement machine, empty disk, joins the queue: the gang forms again with it.
     lost.fresh_disk()

@@ -129,11 +129,11 @@ def submit(settings: Settings, spec: dict, *, send: bool, queue: str) -> str:
     return job.id
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 90) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 90, every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        time.sleep(every)
 
 
 def status_events(settings: Settings, job_id: str) -> list[tuple[int, str, dict]]:
