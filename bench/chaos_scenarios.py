@@ -197,15 +197,17 @@ def r9_storm(svc: Service, jobs: int, kills: int, seed: int = 0) -> Row:
     the counts by status agree with each job's last status event."""
     rng = random.Random(seed)
     row = Row("R9", svc.shape, note=f"{jobs} jobs, {kills} kills; recovery = last kill to all done")
-    # Long enough (~3 s of training after a forked run's ~1-2 s start) for the kills to find runs: at
-    # 20 steps, 4 jobs on two workers were all done 3 s in, before the storm's second kill.
-    ids = [svc.submit(f"r9-{i}", {"max_steps": 100, "save_steps": 10}, resources={"max_restarts": 20})
+    # Long enough for the kills to find runs on a quiet machine too, where a forked run starts in under
+    # a second and trains 100 steps in about half of one: there the short form's 4 jobs on two workers
+    # were done 3 s in, after one kill of two (kills 0.3-1.5 s apart). 200 steps, and kills 0.1-0.8 s
+    # apart: the full form's 20 kills still spread over its 60 jobs.
+    ids = [svc.submit(f"r9-{i}", {"max_steps": 200, "save_steps": 10}, resources={"max_restarts": 20})
            for i in range(jobs)]  # fmt: skip
     last_kill = time.monotonic()
     done = 0
     deadline = time.monotonic() + FINISH_S + jobs * 10
     while done < kills and time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.3, 1.5))
+        time.sleep(rng.uniform(0.1, 0.8))
         statuses = job_statuses(svc.observer_url, ids)
         if all(s in TERMINAL for s in statuses.values()):
             break

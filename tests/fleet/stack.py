@@ -153,15 +153,20 @@ class Fleet:
                 pids[host.name] = int((run_work_dir(self.settings(host).home, job_id) / "run.pid").read_text())
         return pids
 
+    def stop_asked(self, job_id: str) -> bool:
+        """Whether a slot has asked the job's run to stop (its stop file, written before the SIGTERM)."""
+        return any((run_work_dir(self.settings(host).home, job_id) / "STOP").exists() for host in self.worker_hosts)
+
     @contextmanager
     def held_at_a_checkpoint(self, job_id: str) -> Iterator[dict[str, int]]:
         """Freeze the job's runs (SIGSTOP to each one's process group) as soon as one of them has written
         a complete checkpoint, until the block ends (SIGCONT to those still there); yields their pids by
         host name.
 
-        The slots go on: the checkpoint reaches the store, and a host is lost or cut while the job is
-        certainly mid-run. Unheld, the tiny job trains its 192 steps in about a second on an idle
-        machine, faster than a test sees its first checkpoint land in the store."""
+        The slots go on: the checkpoint reaches the store, and a host is lost or cut, or the job paused,
+        while it is certainly mid-run. Unheld, the tiny job trains its 192 steps in about a second on an
+        idle machine, faster than a test sees its first checkpoint land in the store or its pause
+        reach the slot."""
         from trainer_core.checkpoint import newest_checkpoint
 
         def written() -> bool:

@@ -14,8 +14,9 @@ from .stack import TERMINAL, Fleet, dataset_spec, wait_for
 
 pytestmark = pytest.mark.slow
 
-# 8 steps an epoch on the 64 uploaded rows: 160 short steps leave time to pause in mid-run.
-LONG = {"num_train_epochs": 20, "logging_steps": 1, "seed": 7}
+# 8 steps an epoch on the 64 uploaded rows, 160 steps; the first checkpoint (step 10) is where the
+# paused job's run is held until its slot stops it, so the pause lands mid-run however fast the machine.
+LONG = {"num_train_epochs": 20, "logging_steps": 1, "seed": 7, "save_steps": 10}
 
 
 def losses(fleet: Fleet, job_id: str) -> list[tuple[int, float]]:
@@ -38,10 +39,9 @@ def test_a_job_paused_on_one_host_resumes_on_the_other_with_the_exact_curve(
     spec = {**dataset_spec(sentiment_dataset, **LONG), "queue": queue}
     fleet.start_workers([first], queue)
     paused = submit(fleet, spec)
-    wait_for("a few steps", lambda: fleet.job(paused).status == "running" and fleet.job(paused).progress_step >= 10,
-             timeout=240)  # fmt: skip
-    with fleet.client() as client:
+    with fleet.held_at_a_checkpoint(paused), fleet.client() as client:
         assert client.post(f"/v1/jobs/{paused}/pause").status_code == 202
+        wait_for("the slot to stop the held run", lambda: fleet.stop_asked(paused), timeout=60)
     wait_for("the pause", lambda: fleet.job(paused).status == "paused", timeout=120)
     stopped_at = fleet.job(paused).progress_step
     assert stopped_at in fleet.stored_checkpoints(paused)  # its pause's checkpoint, in the store
