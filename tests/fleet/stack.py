@@ -8,10 +8,7 @@ SeaweedFS listens on the bridge itself. Leases are short, so a lost host's job m
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import sys
 import uuid
 from collections.abc import Iterator
@@ -31,6 +28,7 @@ from service_core.keys import create_api_key
 from service_core.runs import run_work_dir
 from service_core.settings import Settings
 from service_core.status import TERMINAL_STATUSES
+from tests.run_holds import held, run_pid, stop_asked
 from tests.worker.conftest import create_pg_database, drop_pg_database, make_settings, quick_spec
 from tests.worker.live import service_env
 from tests.worker.test_lease_live import wait_for
@@ -145,28 +143,19 @@ class Fleet:
         return [json.loads(fs.cat_file(path)) for path in self._manifest_paths(job_id)]
 
     def run_pids(self, job_id: str) -> dict[str, int]:
-        """The leader pid of the job's run on each worker host that has one now, by host name (the pid
-        file its slot writes as the run starts and removes as it ends)."""
-        pids = {}
-        for host in self.worker_hosts:
-            with contextlib.suppress(OSError, ValueError):
-                pids[host.name] = int((run_work_dir(self.settings(host).home, job_id) / "run.pid").read_text())
-        return pids
+        """The leader pid of the job's run on each worker host that has one now, by host name."""
+        pids = {host.name: run_pid(run_work_dir(self.settings(host).home, job_id)) for host in self.worker_hosts}
+        return {name: pid for name, pid in pids.items() if pid is not None}
 
     def stop_asked(self, job_id: str) -> bool:
-        """Whether a slot has asked the job's run to stop (its stop file, written before the SIGTERM)."""
-        return any((run_work_dir(self.settings(host).home, job_id) / "STOP").exists() for host in self.worker_hosts)
+        """Whether a slot has asked the job's run to stop."""
+        return any(stop_asked(run_work_dir(self.settings(host).home, job_id)) for host in self.worker_hosts)
 
     @contextmanager
     def held_at_a_checkpoint(self, job_id: str) -> Iterator[dict[str, int]]:
-        """Freeze the job's runs (SIGSTOP to each one's process group) as soon as one of them has written
-        a complete checkpoint, until the block ends (SIGCONT to those still there); yields their pids by
-        host name.
-
-        The slots go on: the checkpoint reaches the store, and a host is lost or cut, or the job paused,
-        while it is certainly mid-run. Unheld, the tiny job trains its 192 steps in about a second on an
-        idle machine, faster than a test sees its first checkpoint land in the store or its pause
-        reach the slot."""
+        """Freeze the job's runs (tests/run_holds.py) as soon as one of them has written a complete
+        checkpoint, for the block; yields their pids by host name. The slots go on: the checkpoint
+        reaches the store, and a host is lost or cut, or the job paused, while it is mid-run."""
         from trainer_core.checkpoint import newest_checkpoint
 
         def written() -> bool:
@@ -175,15 +164,8 @@ class Fleet:
 
         wait_for("a checkpoint on a worker host's disk", written, timeout=240, every=0.01)
         pids = self.run_pids(job_id)
-        for pid in pids.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGSTOP)
-        try:
+        with held(pids.values()):
             yield pids
-        finally:
-            for pid in pids.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGCONT)
 
     def stop_workers(self, queue: str) -> None:
         """End every worker host's processes and give each a fresh disk; forget ``queue``'s messages."""

@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
+from service_core.runs import run_work_dir
+from tests.run_holds import hold_until_asked_to_stop
 from tests.trainer_core.datagen import write_sentiment_csv
 from tests.trainjobs.conftest import job_spec
 from tests.trainjobs.live import LiveService, free_port, trainjobs_argv
@@ -75,9 +77,11 @@ def interrupt(process: subprocess.Popen[bytes], sig: signal.Signals = signal.SIG
 def test_ctrl_c_then_restart_finishes_the_running_job(tmp_path: Path) -> None:
     home, port = tmp_path / "var", free_port()
     files = write_sentiment_csv(home / "data" / "reviews", n_train=96, n_val=16)
-    # Long enough (180 tiny steps) that Ctrl-C lands mid-run however fast the machine is. No periodic
-    # checkpoint (save_steps stays 500): the one the run writes as Ctrl-C stops it is what it resumes from.
-    training = {"num_train_epochs": 30, "eval_strategy": "no"}
+    # 300 tiny steps, held once the third is seen until Ctrl-C reaches the run (tests/run_holds.py): on a
+    # quiet machine they take under two seconds, and Ctrl-C took longer to reach it through the launcher,
+    # the worker and the slot. No periodic checkpoint (save_steps stays 500): the one the run writes as
+    # Ctrl-C stops it is what it resumes from.
+    training = {"num_train_epochs": 50, "eval_strategy": "no"}
     spec: dict[str, Any] = job_spec(files, "interrupted", training=training)
     dev = start_dev(home, port)
     try:
@@ -86,6 +90,7 @@ def test_ctrl_c_then_restart_finishes_the_running_job(tmp_path: Path) -> None:
         events = client.events(job_id)
         next(e for e in events if e.event == "progress" and e.data["step"] >= 3)
         events.close()
+        hold_until_asked_to_stop(run_work_dir(home, job_id))
     finally:
         interrupt(dev)
     assert processes_in(tmp_path) == [], "something outlived Ctrl-C"
