@@ -1,6 +1,6 @@
 """Suite-wide fixtures: offline hub, small thread pools, the packaged MiniLM, the S3 and MLflow servers, a
 zygote for the runs a test process starts; and how ``make test`` spreads the suite over both cores
-(``pytest -n 2``)."""
+(``pytest -n 3``)."""
 
 from __future__ import annotations
 
@@ -31,35 +31,42 @@ from trainjobs.seaweedfs import SeaweedFS
 from worker import forkserver
 from worker.run_env import run_environment
 
-# The suite runs on both cores (``make test``: ``pytest -n 2``, xdist). The unit of work is a module,
-# run whole on one xdist worker, so its module-scoped fixtures (live stacks, a zygote, an installed
-# venv) start once; modules that share a stack are one unit. xdist hands units out as workers free up,
-# most tests first (pytest_xdist_make_scheduler); among units of as many tests, heavier first. The
-# weights are rough seconds under `-n 2` (``--durations`` prints them); a unit not listed weighs by its
-# slow tests.
+# The suite runs on both cores (``make test``: ``pytest -n 3``, xdist; the Makefile says why three). The
+# unit of work is a module, run whole on one xdist worker, so its module-scoped fixtures (live stacks, a
+# zygote, an installed venv) start once; modules that share a stack are one unit. xdist hands units out
+# as workers free up, most tests first (pytest_xdist_make_scheduler); among units of as many tests,
+# heavier first. The weights are rough seconds (``--durations`` prints them); a unit not listed weighs
+# by its slow tests.
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"
     for name in ("init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume",
                  "preference")
 )
-HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06 (pytest -n 2, junit times per unit)
-    "tests/fleet/": 195,
-    "tests/ui/": 115,
-    "tests/worker/test_service_e2e.py": 100,
-    "tests/trainjobs live service": 95,
-    "tests/worker/test_lease_live.py": 75,
-    "tests/bench/test_chaos_short.py": 65,
-    "tests/trainjobs/test_dev_launcher.py": 50,
-    "tests/worker/test_checkpoints_in_store.py": 40,
-    "tests/api/test_schema_fuzz.py": 35,
-    "tests/worker/test_gang.py": 35,
-    "tests/bench/test_gpu_check_smoke.py": 32,
-    "tests/worker/test_forkserver.py": 26,
-    "tests/worker/test_restarts_and_outages.py": 24,
-    "tests/trainer_core/memory/test_sharding_agreement.py": 21,
-    "tests/trainer_core/test_run_sharded.py": 19,
-    "tests/trainer_core/test_run_distributed.py": 15,
+HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06 (pytest -n 3, seconds per unit)
+    "tests/fleet/": 136,
+    "tests/ui/": 87,
+    "tests/worker/test_service_e2e.py": 71,
+    "tests/trainjobs live service": 64,
+    "tests/bench/test_gpu_check_smoke.py": 56,
+    "tests/worker/test_lease_live.py": 51,
+    "tests/bench/test_chaos_short.py": 47,
+    "tests/trainer_core/test_run_pretrained.py": 45,
+    "tests/trainjobs/test_dev_launcher.py": 41,
+    "tests/worker/test_gang.py": 37,
+    "tests/trainjobs/test_webhooks_live.py": 36,
+    "tests/api/test_schema_fuzz.py": 23,
+    "tests/trainer_core/test_preference_training.py": 21,
+    "tests/worker/test_restarts_and_outages.py": 20,
+    "tests/api/test_event_push.py": 19,
+    "tests/worker/test_webhooks.py": 19,
+    "tests/trainjobs/test_package_install.py": 18,
+    "tests/trainer_core/memory/test_sharding_agreement.py": 16,
+    "tests/worker/test_store_data_e2e.py": 15,
+    "tests/trainjobs/test_readme_fresh_clone.py": 15,
+    "tests/api/test_preflight.py": 14,
+    "tests/bench/test_bench_compile.py": 14,
+    "tests/worker/test_forkserver.py": 14,
 }
 
 
