@@ -173,12 +173,13 @@ class ForkServer:
                 log.warning("the runs' fork server ended (status %s); runs start the slow way", self.proc.poll())
 
     def close(self) -> None:
+        # Killed, not waited for: the zygote holds nothing to save (the runs it forked lead sessions of
+        # their own and live on), and one still importing would see its socket closed only once its
+        # imports end, seconds into the slot's stop (a slot stopped soon after its start).
         self.sock.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+        self.proc.wait()
 
 
 class ForkedRun:
