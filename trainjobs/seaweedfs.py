@@ -32,6 +32,13 @@ import httpx
 log = logging.getLogger(__name__)
 
 REGION = "us-east-1"
+BIND_ATTEMPTS = 3
+# How weed says a port it was given is taken: found so by its own check at start, or by the bind itself.
+PORT_TAKEN = (b"is not available", b"address already in use")
+
+
+class WeedExited(RuntimeError):
+    """``weed mini`` ended while it was starting (its log says why)."""
 
 
 def weed_binary() -> str:
@@ -87,16 +94,40 @@ class SeaweedFS:
         return f"s3://{self.bucket}/{prefix.strip('/')}"
 
     def start(self, timeout_s: float = 60.0) -> SeaweedFS:
-        """Start ``weed mini`` and wait until its S3 gateway answers with the bucket created."""
+        """Start ``weed mini`` and wait until its S3 gateway answers with the bucket created.
+
+        The ports are picked free just before ``weed`` binds them, so another process may take one in
+        between (on a busy machine, an outgoing connection's ephemeral port): a ``weed`` that exits on a
+        port taken (:data:`PORT_TAKEN`) is started again on other ports, up to :data:`BIND_ATTEMPTS` times."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "s3.json"
         identity = {"name": "trainjobs", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
                     "actions": ["Admin", "Read", "Write", "List", "Tagging"]}  # fmt: skip
         config.write_text(json.dumps({"identities": [identity]}), encoding="utf-8")
         config.chmod(0o600)
-        self.s3_port = self.s3_port or free_port(self.ip)
+        chosen_s3_port = self.s3_port  # a port the caller chose is kept on every attempt
+        log_path = self.data_dir / "weed.log"
+        self._log = log_path.open("ab")
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            self.s3_port = chosen_s3_port or free_port(self.ip)
+            written = log_path.stat().st_size
+            self.process = self._spawn(config)
+            try:
+                self._wait_ready(timeout_s)
+                return self
+            except WeedExited:
+                with log_path.open("rb") as handle:
+                    handle.seek(written)
+                    said = handle.read()
+                taken = any(marker in said for marker in PORT_TAKEN)
+                if not taken or attempt == BIND_ATTEMPTS:
+                    raise
+                log.warning("weed mini found a port taken (attempt %d); starting it on other ports", attempt)
+        raise AssertionError("unreachable")
+
+    def _spawn(self, config: Path) -> subprocess.Popen[bytes]:
         ports = {name: free_port(self.ip) for name in ("master", "volume", "filer")}
-        # weed derives each gRPC port as http port + 10000: those must be free too.
+        # weed derives each gRPC port as http port + 10000 unless told: each is given a free one.
         args = [
             weed_binary(), "mini", f"-dir={self.data_dir}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
             f"-bucket={self.bucket}", "-master.telemetry=false", f"-s3.config={config}",
@@ -105,16 +136,13 @@ class SeaweedFS:
             "-webdav=false",
         ]  # fmt: skip
         args += [f"-{name}.port.grpc={free_port(self.ip)}" for name in ("s3", *ports)]
-        self._log = (self.data_dir / "weed.log").open("ab")
         preexec: Callable[[], None] | None = None
         if self.dies_with_parent:
             from worker.processes import die_with_parent
 
             preexec = partial(die_with_parent, os.getpid())  # runs in the child, before exec
-        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=preexec)  # fmt: skip
-        self._wait_ready(timeout_s)
-        return self
+        return subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=preexec)  # fmt: skip
 
     def _wait_ready(self, timeout_s: float) -> None:
         import fsspec
@@ -122,7 +150,7 @@ class SeaweedFS:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"weed mini exited ({self.process.returncode}): see {self.data_dir / 'weed.log'}")
+                raise WeedExited(f"weed mini exited ({self.process.returncode}): see {self.data_dir / 'weed.log'}")
             try:
                 httpx.get(self.endpoint, timeout=2)
                 fs = fsspec.filesystem("s3", key=self.access_key, secret=self.secret_key,

@@ -1,0 +1,39 @@
+"""The SeaweedFS store of ``trainjobs dev --s3`` and of the suite starts even when a port it picked is
+taken before ``weed`` binds it (seen in the suite: three test processes starting their stores at once)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainjobs import seaweedfs
+from trainjobs.seaweedfs import SeaweedFS
+
+
+def test_a_port_taken_before_weed_binds_it_is_given_up_for_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:  # fmt: skip
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = int(holder.getsockname()[1])
+        # The first port picked (the S3 gateway's) is one another process holds by the time weed binds it.
+        picks = iter([taken])
+        real = seaweedfs.free_port
+        monkeypatch.setattr(seaweedfs, "free_port", lambda host="127.0.0.1": next(picks, None) or real(host))
+        with SeaweedFS(data_dir=tmp_path / "weed") as store:
+            assert store.s3_port != taken
+            fs = store_fs(store)
+            fs.pipe_file(f"{store.bucket}/probe.txt", b"ok")
+            assert fs.cat_file(f"{store.bucket}/probe.txt") == b"ok"
+    said = (tmp_path / "weed" / "weed.log").read_bytes()
+    assert f"port {taken} ".encode() in said and any(marker in said for marker in seaweedfs.PORT_TAKEN)
+
+
+def store_fs(store: SeaweedFS) -> Any:
+    import fsspec
+
+    return fsspec.filesystem("s3", key=store.access_key, secret=store.secret_key,
+                             client_kwargs={"endpoint_url": store.endpoint}, skip_instance_cache=True)  # fmt: skip
