@@ -42,7 +42,7 @@ from worker.paths import RunPaths, host_name, run_paths, run_reach
 from worker.recovery import requeue_or_fail
 from worker.restarts import RESTARTABLE, max_restarts, prepare_resume, restarts_used
 from worker.running_cap import hold, lock_owner_claims, resend_waiting, running_count, waiting_message
-from worker.supervisor import supervise_run
+from worker.supervisor import supervise_run, user_stop
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,10 @@ def execute_attempt(
         store_checkpoint_events(settings, job_id, attempt, uploader.announcements(final=True))
     if place is not None:
         store_node_log(job_id, settings, paths, place.node)
-        node_ended = gang.node_outcome(outcome)
+        asked = None
+        if outcome.status == JobStatus.failed and outcome.stopped_by is None:  # a stop its poll had not seen yet?
+            asked = retry_database(lambda: user_stop(session_factory(settings), job_id), f"job {job_id}: stop flags")
+        node_ended = gang.node_outcome(outcome, asked)
         if node_ended is None:  # its ranks finished; the node holding rank 0 records the job's end
             log.info("job %s: node %d finished its part", job_id, place.node)
             return None

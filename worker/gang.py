@@ -415,11 +415,17 @@ def claim_gang(
 USER_STOPS = frozenset({ErrorReason.cancelled, ErrorReason.paused})
 
 
-def node_outcome(outcome: RunOutcome) -> RunOutcome | None:
+def node_outcome(outcome: RunOutcome, asked: ErrorReason | None = None) -> RunOutcome | None:
     """How one node's run ending ends the job's attempt; None when it does not: a node without rank 0
     whose ranks all finished, or that stopped for a user's cancel or pause, leaves the end to rank 0's
     node, which saves the model and the job's log and records it. (A node whose worker stops requeues
-    the job itself: the other nodes do not know.)"""
+    the job itself: the other nodes do not know.)
+
+    ``asked``: a user's cancel or pause of the job, read once the run ended. A node whose peer stopped
+    for it first fails on its broken collectives before its own poll sees the request: that run was
+    stopped by the request, not lost (a cancelled gang was recorded failed, worker_lost)."""
+    if outcome.status == JobStatus.failed and outcome.stopped_by is None and asked in USER_STOPS:
+        outcome = replace(outcome, stopped_by=asked)
     other = bool(outcome.summary.get(OTHER_NODE))
     if other and (outcome.status == JobStatus.succeeded or outcome.stopped_by in USER_STOPS):
         return None

@@ -251,15 +251,20 @@ def _signal(proc: RunProcess, sig: signal.Signals) -> None:
         proc.send_signal(sig)
 
 
-def _stop_reason(session_factory: SessionFactory, job_id: str, should_stop: Callable[[], bool]) -> ErrorReason | None:
-    """Why we are stopping the run, if we are: a user's cancel (it wins over a pause), a user's pause, or
-    the slot shutting down."""
+def user_stop(session_factory: SessionFactory, job_id: str) -> ErrorReason | None:
+    """A user's cancel (it wins over a pause) or pause of the job, if one is asked."""
     with session_factory() as session:
         asked = session.execute(select(Job.cancel_requested, Job.pause_requested).where(Job.id == job_id)).first()
     if asked is not None and asked.cancel_requested:
         return ErrorReason.cancelled
     if asked is not None and asked.pause_requested:
         return ErrorReason.paused
-    if should_stop():
-        return ErrorReason.shutdown_requeue
     return None
+
+
+def _stop_reason(session_factory: SessionFactory, job_id: str, should_stop: Callable[[], bool]) -> ErrorReason | None:
+    """Why we are stopping the run, if we are: a user's cancel or pause, or the slot shutting down."""
+    reason = user_stop(session_factory, job_id)
+    if reason is None and should_stop():
+        return ErrorReason.shutdown_requeue
+    return reason

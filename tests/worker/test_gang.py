@@ -273,6 +273,14 @@ def test_how_one_nodes_run_ending_ends_the_gangs_attempt() -> None:
                           stopped_by=ErrorReason.shutdown_requeue)  # fmt: skip
     requeued = gang.node_outcome(stopping)
     assert requeued is not None and requeued.reason == ErrorReason.shutdown_requeue
+    # a peer stopped for a cancel first broke this node's collectives before its own poll saw the cancel
+    # (seen: the cancelled gang recorded failed, worker_lost): read after the run, the cancel is the end
+    late = RunOutcome(JobStatus.failed, ErrorReason.internal, "torchrun exited with status 1")
+    assert gang.node_outcome(replace(late, summary={OTHER_NODE: "without rank 0"}), ErrorReason.cancelled) is None
+    for asked in (ErrorReason.cancelled, ErrorReason.paused):
+        seen_late = gang.node_outcome(late, asked)
+        assert seen_late is not None and (seen_late.status, seen_late.reason) == ("cancelled", asked)
+    assert gang.node_outcome(late, ErrorReason.shutdown_requeue) == broken  # not a user's stop: lost
     oom = RunOutcome(JobStatus.failed, ErrorReason.out_of_memory, stopped_by=ErrorReason.cancelled)
     assert gang.node_outcome(oom) == oom  # the out-of-memory path keeps its own retry
     bad_data = RunOutcome(JobStatus.failed, ErrorReason.data_error)
