@@ -49,12 +49,14 @@ FAULT_EXIT_ENV = "TRAINJOBS_FAULT_API_EXIT_AFTER_INSERT"
 FAULT_EXIT_STATUS = 70  # EX_SOFTWARE: the testing aid, not a crash
 _TABLE: Table = IdempotencyKey.__table__  # type: ignore[assignment]
 
+# Visible ASCII: what every HTTP stack carries unchanged (a UUID is the usual choice).
+KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+
 IdempotencyKeyHeader = Annotated[
     str | None,
     Header(
         alias=KEY_HEADER,
-        # Visible ASCII: what every HTTP stack carries unchanged (a UUID is the usual choice).
-        pattern=r"^[\x21-\x7e]{1,255}$",
+        pattern=KEY_PATTERN,
         description="Makes the submit safe to retry: the same key from the same owner within 24 h returns the "
         "first answer (with `Idempotent-Replayed: true`) and creates nothing; with another body it is a 422.",
     ),

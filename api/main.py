@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import AuthGateMiddleware, KeyCache
 from api.event_feed import JobWakeups, SharedReads
 from api.event_listeners import ListenerState, start_event_feed
+from api.fast_path import install_fast_paths
 from api.openapi import install_openapi
 from api.problems import install_problem_handlers
 from api.quotas import QuotaMiddleware, RateLimiter
@@ -162,6 +163,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)
     for router in ROUTERS:
         app.include_router(router)
+    # Ahead of every route: the usual submit and estimate skip FastAPI's dependency solving (issue 25)
+    install_fast_paths(app, [*jobs.FAST_PATHS, *estimates.FAST_PATHS])
     app.mount(dashboard.STATIC_URL, dashboard.static_files(), name="static")
     install_metrics(app)
     app.add_middleware(

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CallerDep, SessionFactoryDep, SettingsDep
+from api.deps import CallerDep, SessionFactoryDep, SettingsDep, get_app_settings, get_session_factory
 from api.estimation import auto_budget, estimate, overhead_bytes, plan, queue_workers, time_estimate, with_cost
+from api.fast_path import FastPath
 from api.paths import check_spec_locations, readable_here
 from api.problems import Problem
 from api.schemas.common import problem_responses
 from api.schemas.estimates import Catalog, EstimateRequest, EstimateResponse
 from api.schemas.preflight import AutoChoiceOut
+from service_core.keys import Caller
 from service_core.settings import Settings
 from trainer_core.spec import JobSpec
 
@@ -79,6 +81,17 @@ async def estimate_memory(
     # to submit (`models/...` under the data root) is estimated as the run will load it.
     owner = None if caller.is_admin else caller.owner
     return await run_in_threadpool(located_estimate, body, settings, owner, sessions)
+
+
+async def _serve_estimate(
+    request: Request, body: EstimateRequest, caller: Caller, _response: Response
+) -> EstimateResponse:
+    return await estimate_memory(body, await get_app_settings(request), caller, await get_session_factory(request))
+
+
+# Both names of the route (api/fast_path.py: why, and which requests FastAPI's route serves instead)
+FAST_PATHS = [FastPath("POST", path, EstimateRequest, EstimateResponse, _serve_estimate)
+              for path in ("/v1/estimates", "/v1/estimates/memory")]  # fmt: skip
 
 
 def located_estimate(
