@@ -60,6 +60,7 @@ from service_core.db.session import make_engine
 from service_core.keys import create_api_key
 from service_core.settings import Settings
 from service_core.status import JobStatus
+from trainjobs.seaweedfs import free_port
 from trainjobs.sse import iter_events
 from worker.processes import stop_processes
 from worker.procfs import processes_mentioning
@@ -75,12 +76,6 @@ WARM_ANSWERS = 20
 GOAL_SUBMIT_RATE, GOAL_SUBMIT_P99_MS, GOAL_ESTIMATE_RATIO, GOAL_SSE_P50_MS = 200.0, 100.0, 0.5, 200.0
 TINY_BERT = {"model_type": "bert", "vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 2,
              "num_attention_heads": 2, "intermediate_size": 37, "max_position_embeddings": 128}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def claim_redis_db(tag: str) -> int:

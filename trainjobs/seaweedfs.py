@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -29,12 +30,18 @@ from typing import IO
 
 import httpx
 
+from worker.procfs import ephemeral_ports
+
 log = logging.getLogger(__name__)
 
 REGION = "us-east-1"
 BIND_ATTEMPTS = 3
 # How weed says a port it was given is taken: found so by its own check at start, or by the bind itself.
 PORT_TAKEN = (b"is not available", b"address already in use")
+# free_port's ports: from here to the start of the ephemeral range (32768 on Linux), above the usual
+# fixed ones (PostgreSQL 5432, Redis 6379, an API's 8000, SeaweedFS' 8333 and its gRPC 18333).
+PORTS_FROM = 20000
+_handed_out: set[int] = set()
 
 
 class WeedExited(RuntimeError):
@@ -53,9 +60,31 @@ def weed_binary() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, for a server started a moment later (weed here; the tests' and the
+    benches' APIs), chosen below the kernel's ephemeral range when there is room.
+
+    ``bind(0)`` picks from the ephemeral range, which every outgoing connection on the machine draws
+    from too: on a busy machine a client's socket could take the port before the server, still
+    importing, binds it (seen: an API of the chaos bench exiting on "address already in use").
+    A port is handed out once per process, so two servers started together never get the same one.
+    """
+    low = ephemeral_ports()[0]
+    if low - PORTS_FROM >= 1000:
+        for port in random.sample(range(PORTS_FROM, low), 64):
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 @dataclass

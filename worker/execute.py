@@ -189,6 +189,7 @@ def execute_attempt(
         raise
     if isinstance(local_spec, RunOutcome):  # a data file or model folder on the store could not be fetched
         lease.stop()  # before the outcome, which ends the lease
+        lease.confirm()
         if lease.fenced.is_set():
             return None
         failed = local_spec
@@ -215,6 +216,7 @@ def execute_attempt(
         if uploader is not None:  # under the lease: the last checkpoint is stored before any requeue
             uploader.finish(abort=lease.fenced.is_set())
         lease.stop()
+    lease.confirm()
     if lease.fenced.is_set():  # a newer attempt owns the job now: write nothing, upload nothing
         if place is not None:  # but its own log, as node-K.log, which nothing else writes
             store_node_log(job_id, settings, paths, place.node)

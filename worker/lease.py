@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from service_core.db.jobstore import renew_lease
 from service_core.db.session import session_scope
 from service_core.settings import Settings
+from worker.db_retry import retry_database
 from worker.forkserver import fork_server_pid
 from worker.gang import renew_node_lease
 from worker.procfs import all_processes, cmdline
@@ -78,6 +79,18 @@ class LeaseKeeper:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.every_s + 10)
+
+    def confirm(self) -> None:
+        """Once stopped, renew once more unless already fenced out, so that the attempt is known to be
+        this slot's before its end is written (artifacts, outcome, requeue).
+
+        A slot frozen past its lease may find, on waking up, its run already gone (the same host's sweep
+        kills a lost run by its pid file: worker/recovery.py). It then ends the attempt at once, before
+        its renewal thread has run again, and would store artifacts into a job a newer attempt owns.
+        Not for a node of a gang: the node holding rank 0 may have written the job's end already.
+        """
+        if self.slot is None and not self.fenced.is_set():
+            retry_database(self.renew, f"job {self.job_id}: last lease renewal")
 
     def renew(self) -> bool:
         """One renewal; False (and the run killed) when the attempt is fenced out. A node of a multi-node

@@ -99,3 +99,13 @@ def status_field(pid: int, name: str) -> str | None:
     except OSError:
         return None
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(f"{name}:")), None)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections and ``bind(0)`` (``ip_local_port_range``);
+    Linux's default where it cannot be read."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999

@@ -1,5 +1,6 @@
 """The SeaweedFS store of ``trainjobs dev --s3`` and of the suite starts even when a port it picked is
-taken before ``weed`` binds it (seen in the suite: three test processes starting their stores at once)."""
+taken before ``weed`` binds it (seen in the suite: three test processes starting their stores at once);
+the ports picked for servers come from outside the range outgoing connections take theirs from."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from trainjobs import seaweedfs
 from trainjobs.seaweedfs import SeaweedFS
+from worker.procfs import ephemeral_ports
 
 
 def test_a_port_taken_before_weed_binds_it_is_given_up_for_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -30,6 +32,19 @@ def test_a_port_taken_before_weed_binds_it_is_given_up_for_another(tmp_path: Pat
             assert fs.cat_file(f"{store.bucket}/probe.txt") == b"ok"
     said = (tmp_path / "weed" / "weed.log").read_bytes()
     assert f"port {taken} ".encode() in said and any(marker in said for marker in seaweedfs.PORT_TAKEN)
+
+
+def test_free_ports_are_outside_the_ephemeral_range_free_and_never_handed_out_twice() -> None:
+    low, high = ephemeral_ports()
+    ports = [seaweedfs.free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(seaweedfs.PORTS_FROM <= port < low for port in ports), (low, high, ports)
+    for port in ports[:20]:  # free when handed out: a server binds it
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    # An outgoing connection's local port comes from [low, high]: never one of those handed out.
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as client:
+        assert low <= client.getsockname()[1] <= high
 
 
 def store_fs(store: SeaweedFS) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ from service_core.db import Base
 from service_core.db.session import get_engine, session_scope
 from service_core.keys import create_api_key
 from service_core.settings import Settings
+from trainjobs.seaweedfs import free_port
 from trainjobs.sse import iter_events
 from worker.processes import stop_processes
 from worker.procfs import processes_mentioning
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:

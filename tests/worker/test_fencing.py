@@ -18,6 +18,7 @@ from service_core.status import JobStatus
 from trainer_core.events import make_event
 from worker.execute import claim_job, record_outcome, session_factory
 from worker.ingest import EventIngestor
+from worker.lease import LeaseKeeper
 from worker.outcome import RunOutcome
 from worker.recovery import recover_orphaned_jobs, requeue_or_fail
 
@@ -91,6 +92,25 @@ def test_a_stale_attempt_writes_nothing_over_the_new_one(db_settings: Settings, 
     fresh.flush()
     assert record_outcome(job_id, db_settings, RunOutcome(JobStatus.succeeded), attempt=new) == "succeeded"
     assert rows(db_settings, job_id)[1] == 1
+
+
+def test_a_slot_learns_it_was_fenced_out_before_it_writes_its_end(
+    db_settings: Settings, make_job: JobFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its renewal thread has not run since it woke up (its run was already gone): the last renewal of
+    worker/execute.py, after the thread stopped, finds the newer attempt."""
+    job_id = make_job(db_settings, {}, queue="q-fence")
+    never = db_settings.model_copy(update={"lease_renew_seconds": 3600.0})  # the thread never renews
+    old = LeaseKeeper(job_id, claim(db_settings, job_id), never).start()
+    expire_lease(db_settings, job_id)
+    assert requeue_or_fail(job_id, db_settings, may_requeue=True, message="lost", attempt=old.attempt) == "queued"
+    new = LeaseKeeper(job_id, claim(db_settings, job_id), never).start()
+    for keeper in (old, new):
+        keeper.stop()
+        keeper.confirm()
+    assert old.fenced.is_set() and not new.fenced.is_set()
+    assert f"attempt {old.attempt} is fenced out (lease renewal refused)" in caplog.text
+    assert "fenced out" not in caplog.text.replace(f"attempt {old.attempt} is fenced out", "")
 
 
 def test_the_sweep_leaves_a_job_whose_lease_was_renewed(db_settings: Settings, make_job: JobFactory) -> None:
