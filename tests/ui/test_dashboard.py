@@ -2,7 +2,7 @@
 job's live charts, memory bar and logs, cancel, a failed job's reason and attempts, the submit page's estimate
 and suggestions, compare, a multi-node job's gang. The tests run in file order and share one service (one
 worker slot runs the jobs one after another); every page also fails on console errors and requests off
-127.0.0.1.
+127.0.0.1. The job page and the list poll, and a poll draws again only what changed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -38,6 +39,17 @@ def tiny(files: dict[str, str], name: str, epochs: int) -> dict[str, Any]:
 def jobs(dev: DevService, files: dict[str, str]) -> dict[str, str]:
     """A long job (cancelled by a test below); later tests add theirs."""
     return {"long": dev.client().submit(tiny(files, "long-run", epochs=300))["id"]}
+
+
+def assert_a_poll_keeps(page: Page, selector: str, polled: str) -> None:
+    """The element at ``selector`` is still the same element after the page's next poll (a request whose
+    path is ``polled``), unless what it shows changed (a relative time such as "1 min ago" may turn)."""
+    page.eval_on_selector(selector, "(node) => { window.kept = [node, node.outerHTML]; }")
+    with page.expect_response(lambda response: urlparse(response.url).path == polled, timeout=15_000):
+        pass
+    page.wait_for_timeout(200)  # the answer drawn
+    redrawn_unchanged = "() => !window.kept[0].isConnected && document.querySelector(%s)?.outerHTML === window.kept[1]"
+    assert not page.evaluate(redrawn_unchanged % json.dumps(selector)), f"a poll drew {selector} again unchanged"
 
 
 def chart_points(page: Page, name: str) -> int:
@@ -74,6 +86,10 @@ def test_job_page_charts_grow_live_with_the_memory_bar(
     parts = [p["name"] for p in job["estimate"]["parts"] if p["bytes"] > 0]
     assert page.eval_on_selector_all(".stack .part", "els => els.map(e => e.dataset.part)") == parts
     shot(page, "02-job-running")
+    # A poll draws again only what changed: the progress moves while the spec stays the same element,
+    # so a selection in it is not lost every two seconds.
+    page.click("nav.tabs a[data-tab=spec]")
+    assert_a_poll_keeps(page, "pre.spec", f"/v1/jobs/{jobs['long']}")
 
 
 def test_cancel_with_confirm_stops_the_running_job_and_logs_show_its_output(
@@ -224,6 +240,8 @@ def test_compare_overlays_two_jobs_and_lists_differing_fields(
     # Back in the list, the finished job has its loss sparkline.
     page.click("#nav a[data-view=jobs]")
     expect(page.locator(f"tr[data-job-id='{jobs['submitted']}'] svg.spark polyline")).to_have_count(1)
+    # Every job here has ended: a poll of the list keeps each row (and its "pick for compare" box).
+    assert_a_poll_keeps(page, f"tr[data-job-id='{jobs['submitted']}']", "/v1/jobs")
     shot(page, "11-job-list-later")
 
 

@@ -1,7 +1,7 @@
 """Integrations in Chromium against a live ``trainjobs dev`` (issue 30): the webhooks page adds a webhook
 whose secret a real receiver then verifies deliveries with, lists the deliveries of a real job, sends
-one again, rotates the secret and deletes the webhook; the job page links the job's MLflow run on a
-real ``mlflow server``."""
+one again, rotates the secret and deletes the webhook, and says so when a button's request fails; the
+job page links the job's MLflow run on a real ``mlflow server``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from playwright.sync_api import Page, expect
 
 from tests.mlflow_server import MlflowServer
 from tests.trainer_core.datagen import tiny_text_spec, write_sentiment_csv
-from tests.ui.conftest import DevService, log_in, wait_for_job
+from tests.ui.conftest import DevService, Watch, log_in, wait_for_job
 from tests.worker.test_webhooks import Receiver
 from trainjobs.client import Client
 
@@ -38,7 +38,7 @@ def wait_seen(receiver: Receiver, count: int, timeout: float = 60.0) -> None:
 
 
 def test_the_webhooks_page_and_the_job_pages_tracker_link(
-    page: Page, dev: DevService, receiver: Receiver, mlflow_tracking: MlflowServer, shot: Shot
+    page: Page, dev: DevService, receiver: Receiver, mlflow_tracking: MlflowServer, shot: Shot, watch: Watch
 ) -> None:
     log_in(page, dev, "#/webhooks")
     form = page.locator("form.webhook-create")
@@ -96,6 +96,19 @@ def test_the_webhooks_page_and_the_job_pages_tracker_link(
     card.locator("button", has_text="Delete").click()
     expect(card).to_have_count(0)
     assert all(hook["id"] != hook_id for hook in client.webhooks())
+
+    # A button whose request fails says so on the page: a webhook deleted elsewhere meanwhile. Right
+    # after a poll's answer, so that the next poll (5 s later) has not dropped its card yet.
+    other = client.create_webhook(receiver.url, ["job.succeeded"], description="deleted elsewhere")
+    stale = page.locator(f"section.webhook[data-webhook='{other['id']}']")
+    expect(stale).to_be_visible(timeout=15_000)
+    with page.expect_response(lambda response: f"/{other['id']}/deliveries?" in response.url, timeout=15_000):
+        pass
+    client.delete_webhook(other["id"])
+    watch.expect_status(f"/v1/webhooks/{other['id']}/rotate-secret", 404)
+    stale.locator("button", has_text="Rotate secret").click()
+    expect(page.locator("p.error", has_text=f"no webhook {other['id']!r}")).to_be_visible()
+    expect(stale).to_have_count(0, timeout=15_000)  # and the next poll drops the card
 
     links = job["tracker_links"]
     page.goto(f"{dev.url}/dashboard#/jobs/{job['id']}")  # signed in already (the key is in the session)

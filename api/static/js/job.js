@@ -8,7 +8,7 @@ import { createChart, isFraction } from "./charts.js";
 import { checkpointMarkers, checkpointsTable, marksCheckpoints } from "./checkpoints.js";
 import { appendNew, chartOrder, followPoints, loadSeries } from "./metrics.js";
 import { artifactsPanel, autoPanel, lineagePanel, logsPanel, memoryPanel, nodesPanel, specPanel, timeCostPanel, trackersPanel } from "./panels.js";
-import { duration, el, num, pace, runSeconds, samplesPerSecond, statusBadge, when } from "./util.js";
+import { duration, el, num, pace, replaceIfChanged, runSeconds, samplesPerSecond, statusBadge, when } from "./util.js";
 
 const POLL_MS = 2000;
 
@@ -122,9 +122,10 @@ export async function mountJob(root, id, signal) {
         el("a.button", { href: `#/compare/${job.id}` }, "Compare…")));
   }
   function renderBody() {
-    failure.replaceChildren(...[failurePanel(job), waitingPanel(job)].filter(Boolean));
+    // Each part drawn again only where it changed (util.js): a poll keeps a selection in the spec.
+    replaceIfChanged(failure, [failurePanel(job), waitingPanel(job)].filter(Boolean));
     const latest = Object.entries(job.final_metrics || job.latest_metrics || {}).filter(([, v]) => typeof v === "number");
-    overview.replaceChildren(...[progressBlock(job),
+    replaceIfChanged(overview, [progressBlock(job),
       el("div.card", {}, el("h3", {}, "Memory"), memoryPanel(job)),
       timeCostPanel(job),
       // Always there (empty until the first point), so the charts below do not jump when it fills.
@@ -132,8 +133,8 @@ export async function mountJob(root, id, signal) {
         latest.length ? el("dl.facts", {}, latest.map(([k, v]) => [el("dt", {}, k), el("dd", {}, num(v))]))
           : el("p.muted", {}, "none yet")),
       autoPanel(job), trackersPanel(job), lineagePanel(job), nodesPanel(job)].filter(Boolean));
-    tabs.spec.replaceChildren(specPanel(job));
-    attempts.replaceChildren(attemptsPanel(statusEvents, job.retries));
+    replaceIfChanged(tabs.spec, [specPanel(job)]);
+    replaceIfChanged(attempts, [attemptsPanel(statusEvents, job.retries)]);
   }
   // Status events stream in for as long as the job runs (the stream ends after its final status).
   const statusEvents = [];

@@ -1,7 +1,7 @@
 // The job list: status filter, name search, owner (admins), live refresh, keyset "load more",
 // and picking 2-5 jobs to compare.
 import { isFinished, jobStatuses, request } from "./api.js";
-import { duration, el, num, pace, runSeconds, statusBadge, when } from "./util.js";
+import { duration, el, num, pace, replaceIfChanged, runSeconds, statusBadge, when } from "./util.js";
 
 const PAGE = 50;
 const POLL_MS = 3000;
@@ -95,7 +95,7 @@ export async function mountList(root, signal) {
   function render() {
     const term = search.value.trim().toLowerCase();
     const shown = jobs.filter((j) => !term || j.name.toLowerCase().includes(term));
-    tbody.replaceChildren(...shown.map((j) => row(j, picked, onPick, spark)));
+    replaceIfChanged(tbody, shown.map((j) => row(j, picked, onPick, spark)));  // a running job's row alone
     note.textContent = shown.length ? "" : jobs.length ? "No job matches the search." : "No jobs yet.";
     more.hidden = !cursor;
   }

@@ -19,11 +19,19 @@ export function el(tag, props = {}, ...children) {
   return node;
 }
 
-/** `parent`'s children become the elements `nodes`, unless they would show the same. A page that redraws
- * on a timer then keeps the elements a person is using: a press and a release that land on a button and
- * on its redrawn copy make no click, and a selection or the focus would go with the old element. */
+const shownAs = (node) => node.outerHTML ?? node.textContent;
+
+/** `parent`'s children become `nodes`, keeping each child that would show the same as one of them
+ * (matched by its HTML, wherever it stood) and leaving in place every child already where it belongs.
+ * A page that redraws on a timer then keeps the elements a person is using, also in a list where one
+ * row changed: a press and a release that land on a button and on its redrawn copy make no click, and
+ * a selection, a checked box or the focus would go with the old element. */
 export function replaceIfChanged(parent, nodes) {
-  if (nodes.map((node) => node.outerHTML).join("") !== parent.innerHTML) parent.replaceChildren(...nodes);
+  const spare = new Map();
+  for (const child of parent.childNodes) spare.set(shownAs(child), [...(spare.get(shownAs(child)) || []), child]);
+  const wanted = nodes.map((node) => spare.get(shownAs(node))?.shift() ?? node);
+  wanted.forEach((node, i) => { if (parent.childNodes[i] !== node) parent.insertBefore(node, parent.childNodes[i] ?? null); });
+  while (parent.childNodes.length > wanted.length) parent.lastChild.remove();
 }
 
 export function bytes(n) {

@@ -89,6 +89,13 @@ export async function mountWebhooks(root, signal) {
   const list = el("div.webhooks");
   const pages = new Map();
   let hooks = [], timer = null;
+  // A button's request that fails (the webhook deleted meanwhile, a 409, the network) is said above
+  // the list: an onclick's rejected promise would otherwise vanish, and the button seem to do nothing.
+  const said = (action) => async (...args) => {
+    try { await action(...args); } catch (error) {
+      if (!signal.aborted) notice.replaceChildren(el("p.error", {}, error.message));
+    }
+  };
   const actions = {
     async rotate(hook) {
       const rotated = await request(`/v1/webhooks/${hook.id}/rotate-secret`, { method: "POST", signal });
@@ -104,6 +111,7 @@ export async function mountWebhooks(root, signal) {
       await load();
     },
   };
+  for (const name of Object.keys(actions)) actions[name] = said(actions[name]);
   function render() {
     replaceIfChanged(list, hooks.length ? hooks.map((h) => hookCard(h, pages.get(h.id), actions))
       : [el("p.muted", {}, "No webhooks yet.")]);
