@@ -9,7 +9,8 @@ On one CUDA device (budget: under 8 minutes on an H200) it runs, and prints with
    against ``torch.cuda.max_memory_allocated`` over 3 optimizers x gradient checkpointing x fp32/bf16 on
    BERT-base and ViT-base (catalog configs, random weights and data: offline), plus fp16 with the grad
    scaler; a few real steps each, the way both backends train. Goal: ratio within 0.9-1.1. Then
-   Llama-3.2-1B causal-lm full / LoRA / QLoRA (``bench/gpu_llm.py``).
+   Llama-3.2-1B causal-lm full / LoRA / QLoRA, and LoRA with the chunked loss and with Liger's
+   kernels, whose loss and gradients are also checked against the plain loss (``bench/gpu_llm.py``).
 2. **throughput**: samples/s of both trainjobs backends against the tuned Trainer script
    (``bench/bench_training.py``: dynamic padding + length grouping) on the GPU, bf16. Goal: >= 1.0x.
 3. **mfu**: model FLOPs utilisation of a BERT-base bf16 training step (no goal set: reported).
