@@ -11,6 +11,7 @@ side by side: one per test host, one per ``trainjobs dev``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -21,8 +22,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -41,7 +44,10 @@ PORT_TAKEN = (b"is not available", b"address already in use")
 # free_port's ports: from here to the start of the ephemeral range (32768 on Linux), above the usual
 # fixed ones (PostgreSQL 5432, Redis 6379, an API's 8000, SeaweedFS' 8333 and its gRPC 18333).
 PORTS_FROM = 20000
-_handed_out: set[int] = set()
+# Ports free_port handed out recently, by any process of this user on this machine: a server may take
+# a minute to bind the port it was given (imports on a loaded machine), and none is given twice meanwhile.
+CLAIMS = Path(tempfile.gettempdir()) / f"trainjobs-ports-{os.getuid()}" / "claims.json"
+CLAIM_S = 600.0
 
 
 class WeedExited(RuntimeError):
@@ -61,30 +67,61 @@ def weed_binary() -> str:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` now, for a server started a moment later (weed here; the tests' and the
-    benches' APIs), chosen below the kernel's ephemeral range when there is room.
+    benches' APIs), chosen below the kernel's ephemeral range when there is room, and not handed out
+    by any process of this machine in the last :data:`CLAIM_S` seconds.
 
     ``bind(0)`` picks from the ephemeral range, which every outgoing connection on the machine draws
     from too: on a busy machine a client's socket could take the port before the server, still
-    importing, binds it (seen: an API of the chaos bench exiting on "address already in use").
-    A port is handed out once per process, so two servers started together never get the same one.
+    importing, binds it (seen: an API of the chaos bench exiting on "address already in use"). Below
+    that range only servers bind, and the claims (:func:`_claim`) keep two of ours, picked in two
+    processes during one server's start, from getting the same port (seen: a test's `trainjobs dev`).
     """
     low = ephemeral_ports()[0]
     if low - PORTS_FROM >= 1000:
-        for port in random.sample(range(PORTS_FROM, low), 64):
-            if port in _handed_out:
-                continue
-            with socket.socket() as sock:
-                try:
-                    sock.bind((host, port))
-                except OSError:
+        with _claims() as claimed:
+            for port in random.sample(range(PORTS_FROM, low), 64):
+                if port in claimed or not _bindable(host, port):
                     continue
-            _handed_out.add(port)
-            return port
+                claimed[port] = time.time()
+                return port
     with socket.socket() as sock:
         sock.bind((host, 0))
-        port = int(sock.getsockname()[1])
-    _handed_out.add(port)
-    return port
+        return int(sock.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@contextmanager
+def _claims() -> Iterator[dict[int, float]]:
+    """The ports handed out on this machine in the last CLAIM_S seconds (port: when), under a file
+    lock; what the block adds is kept. Where the file cannot be used (another user's, a read-only
+    temp dir), an empty dict: the ports then come unclaimed, as random picks."""
+    try:
+        CLAIMS.parent.mkdir(exist_ok=True)
+        handle = CLAIMS.open("a+", encoding="utf-8")
+    except OSError:
+        yield {}
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        try:
+            claimed = {int(port): when for port, when in json.loads(handle.read() or "{}").items()}
+        except (ValueError, AttributeError):  # a torn or foreign file: start afresh
+            claimed = {}
+        now = time.time()
+        claimed = {port: when for port, when in claimed.items() if now - when < CLAIM_S}
+        yield claimed
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(claimed))
 
 
 @dataclass

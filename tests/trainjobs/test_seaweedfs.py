@@ -5,6 +5,8 @@ the ports picked for servers come from outside the range outgoing connections ta
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ import pytest
 from trainjobs import seaweedfs
 from trainjobs.seaweedfs import SeaweedFS
 from worker.procfs import ephemeral_ports
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_port_taken_before_weed_binds_it_is_given_up_for_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -36,8 +40,13 @@ def test_a_port_taken_before_weed_binds_it_is_given_up_for_another(tmp_path: Pat
 
 def test_free_ports_are_outside_the_ephemeral_range_free_and_never_handed_out_twice() -> None:
     low, high = ephemeral_ports()
-    ports = [seaweedfs.free_port() for _ in range(200)]
-    assert len(set(ports)) == len(ports)
+    ports = [seaweedfs.free_port() for _ in range(100)]
+    # Another process picking meanwhile (another test's server starting) gets none of them.
+    other = subprocess.run([sys.executable, "-c", "from trainjobs.seaweedfs import free_port\n"
+                            "print(*(free_port() for _ in range(100)))"],
+                           capture_output=True, text=True, check=True, cwd=REPO)  # fmt: skip
+    ports += [int(port) for port in other.stdout.split()]
+    assert len(ports) == len(set(ports)) == 200
     assert all(seaweedfs.PORTS_FROM <= port < low for port in ports), (low, high, ports)
     for port in ports[:20]:  # free when handed out: a server binds it
         with socket.socket() as sock:
