@@ -73,7 +73,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     ``bind(0)`` picks from the ephemeral range, which every outgoing connection on the machine draws
     from too: on a busy machine a client's socket could take the port before the server, still
     importing, binds it (seen: an API of the chaos bench exiting on "address already in use"). Below
-    that range only servers bind, and the claims (:func:`_claim`) keep two of ours, picked in two
+    that range only servers bind, and the claims (:func:`_claims`) keep two of ours, picked in two
     processes during one server's start, from getting the same port (seen: a test's `trainjobs dev`).
     """
     low = ephemeral_ports()[0]
