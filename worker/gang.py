@@ -12,7 +12,8 @@ The member that completes the gang **forms** it: ``queued -> running`` with ``at
 compare-and-set every claim makes), the members numbered by join order. Node 0's advertised address
 and the free port it picked are the rendezvous endpoint, and node 0 hosts torchrun's store there.
 
-**Oldest first.** A waiting member moves to an older forming gang of its queue that lacks its worker.
+**Oldest first.** A waiting member moves to an older forming gang of its queue that lacks its worker
+(and goes back to its own when another member took the last place first).
 So two gangs never each hold part of the slots they both need: whichever is oldest fills first (the
 test: two 3-node jobs on four slots).
 
@@ -401,9 +402,17 @@ def claim_gang(
             if not recruited:  # the message this slot took goes on: its gang has one in flight again
                 send(settings, job_id)
             log.info("job %s: left its gang for the older job %s's (%s)", job_id, older, moved)
-            if moved != JOINED:
+            if moved == JOINED:
+                job_id, recruited = older, True  # the older gang recruits already
+                continue
+            # Another member took the older gang's last place first (both saw room in it): back to this
+            # slot's own gang, which would otherwise be left with no member and not held, so never let go.
+            with session_scope(settings.database_url) as session:
+                back = join(session, job_id, member, settings.lease_seconds)
+            if back != JOINED:
+                log.info("job %s: not joining its gang again (%s)", job_id, back)
                 return None
-            job_id, recruited = older, True  # the older gang recruits already
+            recruited = True  # its message went on above: the gang has one in flight
             continue
         if not recruited:
             send(settings, job_id)  # one message in flight for the next member
