@@ -30,6 +30,7 @@ class ProcStat:
     ppid: int
     pgid: int
     cpu_ticks: int  # user + system time, in clock ticks
+    started: int  # clock ticks after boot: with the pid, it names one process (pids are reused)
 
     @property
     def alive(self) -> bool:
@@ -40,7 +41,8 @@ def proc_stat(pid: int) -> ProcStat | None:
     """``pid``'s stat fields, or None when there is no such process (or it vanished while read)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[11]) + int(fields[12]))
+        return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[11]) + int(fields[12]),
+                        int(fields[19]))
     except (OSError, IndexError, ValueError):
         return None
 
@@ -99,6 +101,14 @@ def status_field(pid: int, name: str) -> str | None:
     except OSError:
         return None
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(f"{name}:")), None)
+
+
+def machine_cpu_ticks() -> tuple[int, int]:
+    """The machine's CPU time since boot, all cores, in clock ticks: (busy, total). Busy is all but
+    idle and I/O wait (``/proc/stat``'s first line)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(values[:8])  # guest time is already counted in user and nice
+    return total - values[3] - values[4], total
 
 
 def ephemeral_ports() -> tuple[int, int]:
