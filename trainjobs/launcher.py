@@ -32,7 +32,7 @@ from service_core.datastore import DataStore
 from service_core.migrations import apply_migrations
 from service_core.settings import Settings
 from trainjobs.seaweedfs import SeaweedFS
-from worker.processes import on_stop_signals, spawn_child
+from worker.processes import interrupted, on_stop_signals, spawn_child, wait_children
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 EXAMPLE_HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -171,6 +171,8 @@ class DevLauncher:
     def _wait_ready(self, api: subprocess.Popen[bytes], timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and api.poll() is None:
+            if interrupted():  # a Ctrl-C whose KeyboardInterrupt was lost (worker.processes says where)
+                raise KeyboardInterrupt
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
                     return True
@@ -267,8 +269,7 @@ class DevLauncher:
                 return 1
             self._spawn("worker", ["worker"], env)
             self._banner(key, example)
-            while all(process.poll() is None for _, process in self.children):
-                time.sleep(0.5)
+            wait_children([process for _, process in self.children])
             dead = [name for name, process in self.children if process.poll() is not None]
             print(f"error: {', '.join(dead)} exited; stopping", file=sys.stderr)
             return 1

@@ -26,9 +26,31 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SignalHandler = Callable[[int, FrameType | None], object] | int | None
 
 
-def interrupt(_signum: int, _frame: FrameType | None) -> None:
+# The stop signals :func:`interrupt` took since :func:`on_stop_signals` installed it. Python runs a
+# signal's handler at its next bytecode, which may be inside code whose exceptions it only reports
+# ("Exception ignored in ..."): an at-fork hook (logging's, run by every spawn_child), a finalizer. A
+# KeyboardInterrupt raised there is lost; the record is not (:func:`wait_children` reads it).
+_interrupted: list[int] = []
+
+
+def interrupt(signum: int, _frame: FrameType | None) -> None:
     """A stop-signal handler that stops like Ctrl-C, whichever stop signal came: KeyboardInterrupt."""
+    _interrupted.append(signum)
     raise KeyboardInterrupt
+
+
+def interrupted() -> bool:
+    """Whether :func:`interrupt` took a stop signal, even one whose KeyboardInterrupt was lost."""
+    return bool(_interrupted)
+
+
+def wait_children(children: Sequence[subprocess.Popen[bytes]], poll_s: float = 0.5) -> None:
+    """Wait until one of ``children`` exits; KeyboardInterrupt when a stop signal came, also one whose
+    own KeyboardInterrupt was lost."""
+    while all(child.poll() is None for child in children):
+        if interrupted():
+            raise KeyboardInterrupt
+        time.sleep(poll_s)
 
 
 def on_stop_signals(handler: Callable[[int, FrameType | None], object] = interrupt) -> dict[int, SignalHandler]:
@@ -38,6 +60,7 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], object] = interru
     with SIGINT ignored, and Python then installs no SIGINT handler of its own, so without this a
     ``kill -INT`` (or a test's Ctrl-C) would be ignored for good.
     """
+    _interrupted.clear()
     return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
