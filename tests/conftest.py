@@ -40,21 +40,22 @@ from worker.run_env import run_environment
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"
-    for name in ("init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service", "pause_resume",
-                 "preference")
+    for name in ("checkpoints", "init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service",
+                 "pause_resume", "preference")
 )
-HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06 (pytest -n 3, seconds per unit)
+HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06/07 (pytest -n 3, seconds per unit)
     "tests/fleet/": 136,
+    "tests/trainjobs live service": 90,
     "tests/ui/": 87,
     "tests/worker/test_service_e2e.py": 71,
-    "tests/trainjobs live service": 64,
     "tests/bench/test_gpu_check_smoke.py": 56,
-    "tests/worker/test_lease_live.py": 51,
     "tests/bench/test_chaos_short.py": 47,
     "tests/trainer_core/test_run_pretrained.py": 45,
     "tests/trainjobs/test_dev_launcher.py": 41,
     "tests/worker/test_gang.py": 37,
     "tests/trainjobs/test_webhooks_live.py": 36,
+    "tests/worker/test_lease_live.py": 33,
+    "tests/worker/test_object_store_e2e.py": 30,
     "tests/api/test_schema_fuzz.py": 23,
     "tests/trainer_core/test_preference_training.py": 21,
     "tests/worker/test_restarts_and_outages.py": 20,
@@ -62,7 +63,6 @@ HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06 (pytest -n 3, seconds per
     "tests/worker/test_webhooks.py": 19,
     "tests/trainjobs/test_package_install.py": 18,
     "tests/trainer_core/memory/test_sharding_agreement.py": 16,
-    "tests/worker/test_store_data_e2e.py": 15,
     "tests/trainjobs/test_readme_fresh_clone.py": 15,
     "tests/api/test_preflight.py": 14,
     "tests/bench/test_bench_compile.py": 14,

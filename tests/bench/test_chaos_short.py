@@ -12,7 +12,8 @@ assertions, are not run again here (``bench/chaos.py --short`` still runs them a
   a running job is ignored) on SQLite and PostgreSQL, and test_lease_live.py (run once);
 - R4 (cancels): tests/worker/test_service_e2e.py (queued, running and finished jobs);
 - R6 and R8 (a frozen slot, its stale writes): tests/worker/test_lease_live.py (fenced out, the job
-  ends once) and test_fencing.py (a stale attempt writes nothing);
+  ends once; on SQLite), tests/fleet/test_host_loss.py (the same for a host cut off, on PostgreSQL)
+  and test_fencing.py (a stale attempt writes nothing);
 - R7 (a database outage): tests/worker/test_restarts_and_outages.py (a run survives it and stores
   every event);
 - R10 (the launcher killed): tests/trainjobs/test_lifecycle.py.

@@ -26,7 +26,7 @@ def test_issue_example_trains_and_its_memory_matches_the_estimate(
 ) -> None:
     doc = copy.deepcopy(EXAMPLE)
     doc["model"]["name_or_path"] = str(minilm_path)
-    doc["dataset"]["data_files"] = write_sentiment_csv(tmp_path / "data", n_train=96, n_val=32)
+    doc["dataset"]["data_files"] = write_sentiment_csv(tmp_path / "data", n_train=64, n_val=16)
     doc["training"]["num_train_epochs"] = 1  # the rest of the document is the issue's, unchanged
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(doc))
@@ -36,8 +36,9 @@ def test_issue_example_trains_and_its_memory_matches_the_estimate(
     events = [e for e in map(parse_event_line, capsys.readouterr().out.splitlines()) if e is not None]
     done = events[-1]
     assert (code, done["event"], done["status"]) == (0, "done", "succeeded"), done
-    # 96 rows / batch 16 = 6 micro-batches, accumulation 2 -> 3 optimizer steps
-    assert done["summary"]["global_step"] == 3
+    # 64 rows / batch 16 = 4 micro-batches, accumulation 2 -> 2 optimizer steps (bf16 autocast is slow
+    # on CPU: the combination is what this checks, not how far it learns)
+    assert done["summary"]["global_step"] == 2
     assert {"eval_accuracy", "eval_f1"} <= set(next(e for e in events if e["event"] == "eval")["values"])
     (memory,) = [e for e in events if e["event"] == "memory"]
     estimate = estimate_memory(parse_spec(doc))

@@ -4,7 +4,9 @@ embedded default (SQLite + the SQLite broker) and on PostgreSQL + Redis.
 - A job whose queue message was never sent (a crash between INSERT and send), or was lost by the
   broker, is sent again by the sweep and runs, once.
 - A slot frozen (SIGSTOP) past its lease loses its job to another worker; when it wakes up, its writes
-  are refused, it kills its stale run, and the job ends once, with no event after its final status.
+  are refused, it kills its stale run, and the job ends once, with no event after its final status (on
+  SQLite, where a slot frozen inside a write holds the whole database; tests/fleet/test_host_loss.py
+  checks the same on PostgreSQL + Redis, with a host cut off from the network).
 """
 
 from __future__ import annotations
@@ -159,6 +161,9 @@ def test_jobs_never_sent_or_lost_by_the_broker_run_once(deployment: Deployment, 
         assert "Field required" in (job.error_message or "")  # the run itself read the spec
 
 
+# On SQLite: on PostgreSQL + Redis, tests/fleet/test_host_loss.py's host cut off past its lease checks
+# the same (another host's attempt, the stale run killed, "fenced out", nothing after the final status).
+@pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
 def test_a_frozen_slot_is_fenced_out_and_the_job_ends_once(
     deployment: Deployment, workers: Callable, tmp_path: Path
 ) -> None:
