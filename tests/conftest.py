@@ -47,7 +47,7 @@ HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06/07 (pytest -n 3, seconds 
     "tests/fleet/": 136,
     "tests/trainjobs live service": 90,
     "tests/ui/": 87,
-    "tests/worker/test_service_e2e.py": 71,
+    "tests/worker/test_service_e2e.py": 55,
     "tests/bench/test_gpu_check_smoke.py": 56,
     "tests/bench/test_chaos_short.py": 47,
     "tests/trainer_core/test_run_pretrained.py": 45,

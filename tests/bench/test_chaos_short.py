@@ -6,8 +6,8 @@ One copy of each fault check: the scenarios that a dedicated test already inject
 assertions, are not run again here (``bench/chaos.py --short`` still runs them all):
 
 - R1 (SIGKILL the run, the slot, the worker): tests/worker/test_restarts_and_outages.py (a killed run
-  resumes), test_service_e2e.py (a stopped worker requeues), tests/fleet/test_host_loss.py (a host
-  with its worker, slot and run gone);
+  resumes), tests/trainjobs/test_dev_launcher.py (a stopped worker requeues),
+  tests/fleet/test_host_loss.py (a host with its worker, slot and run gone);
 - R2 (one message delivered twice): tests/worker/test_claim.py (a second claim loses, a redelivery of
   a running job is ignored) on SQLite and PostgreSQL, and test_lease_live.py (run once);
 - R4 (cancels): tests/worker/test_service_e2e.py (queued, running and finished jobs);

@@ -1,5 +1,6 @@
 """``init_from`` across hosts (PostgreSQL, Redis, the object store): a job trained on one worker host
-continues on the other from the checkpoint the store holds, with no disk in common."""
+continues on the other from the checkpoint the store holds, with no disk in common; the API host serves
+the checkpoint and the new model, which loads and predicts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.worker.test_service_e2e import predict_with
 
 from .stack import TERMINAL, Fleet, dataset_spec, new_queue, wait_for
 
@@ -53,11 +56,20 @@ def test_a_job_continues_on_another_host_from_the_stored_checkpoint(
         assert archive.status_code == 200, archive.text
         with zipfile.ZipFile(io.BytesIO(archive.content)) as opened:
             opened.extractall(tmp_path)
-        final = client.get(f"/v1/jobs/{child}/artifacts/model.safetensors")
-        assert final.status_code == 200, final.text
-        (tmp_path / "child.safetensors").write_bytes(final.content)
+        # The child's model, trained on the second host, downloads file by file through the API host.
+        listing = {item["path"] for item in client.get(f"/v1/jobs/{child}/artifacts").json()["items"]}
+        assert {"model.safetensors", "config.json", "tokenizer.json"} <= listing
+        model_dir = tmp_path / "child"
+        model_dir.mkdir()
+        for name in sorted(p for p in listing if "/" not in p):
+            got = client.get(f"/v1/jobs/{child}/artifacts/{name}")
+            assert got.status_code == 200, (name, got.text)
+            (model_dir / name).write_bytes(got.content)
+    # The API host served what the worker hosts stored: neither its disk nor this one's was shared.
+    assert not list(fleet.api.disk.rglob("model.safetensors"))
+    predict_with(model_dir)
     started = load_file(str(tmp_path / "checkpoint-8" / "model.safetensors"))
-    ended = load_file(str(tmp_path / "child.safetensors"))
+    ended = load_file(str(model_dir / "model.safetensors"))
     # One step at a learning rate of 1e-9 from step 8's weights (its own random init would be far off).
     assert started.keys() == ended.keys()
     assert all(torch.allclose(started[name], ended[name], atol=1e-6) for name in started)

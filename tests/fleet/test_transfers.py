@@ -1,5 +1,5 @@
-"""Data in and models out through the API host, training on a worker host: nothing crosses between
-hosts but the database, the broker and the object store."""
+"""Data in through the API host, training on a worker host: nothing crosses between hosts but the
+database, the broker and the object store. (Models out through the API host: test_init_from.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer_core.datagen import write_sentiment_csv
-from tests.worker.test_service_e2e import poll_metrics, predict_with
+from tests.worker.test_service_e2e import poll_metrics
 
 from .stack import TERMINAL, Fleet, dataset_spec, upload_csv, wait_for
 
@@ -34,28 +34,3 @@ def test_an_upload_through_the_api_host_trains_on_a_worker_host(fleet_stack: Fle
     # 40 uploaded rows, batches of 8, one epoch: the run read exactly the upload.
     assert job["progress"]["step"] == job["progress"]["total"] == 5
     assert steps == [1, 2, 3, 4, 5]
-
-
-def test_a_model_trained_on_a_worker_host_downloads_through_the_api_host(
-    fleet_stack: Fleet, queue: str, sentiment_dataset: str, tmp_path: Path
-) -> None:
-    fleet, worker = fleet_stack, fleet_stack.worker_hosts[1]
-    fleet.start_workers([worker], queue)
-    with fleet.client() as client:
-        created = client.post("/v1/jobs", json={**dataset_spec(sentiment_dataset), "queue": queue})
-        assert created.status_code == 201, created.text
-        job_id = created.json()["id"]
-        wait_for("the job to end", lambda: fleet.job(job_id).status in TERMINAL, timeout=240)
-        assert fleet.job(job_id).status == "succeeded", fleet.job(job_id).error_message
-        assert fleet.job(job_id).worker == worker.name
-        listing = {item["path"] for item in client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]}
-        assert {"model.safetensors", "config.json", "tokenizer.json"} <= listing
-        model_dir = tmp_path / "downloaded"
-        model_dir.mkdir()
-        for name in sorted(p for p in listing if "/" not in p):
-            got = client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
-            assert got.status_code == 200, (name, got.text)
-            (model_dir / name).write_bytes(got.content)
-    # The API host served what the worker host stored: neither its disk nor this one's was shared.
-    assert not list(fleet.api.disk.rglob("model.safetensors"))
-    predict_with(model_dir)

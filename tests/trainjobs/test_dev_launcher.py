@@ -1,6 +1,6 @@
 """``trainjobs dev``: Ctrl-C stops the API, the worker and a running training; the next start finds the
-job where it was (back in the queue from its checkpoint, or failed with a reason, never "running")
-and finishes it.
+job where it was (back in the queue from the checkpoint its stop wrote, never "running") and finishes
+it from there, every step trained once.
 
 (A job without a checkpoint starts over from step 0 while it has restarts left, else fails with the
 reason ``worker_lost``: tests/worker/test_recovery.py.)"""
@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from service_core.runs import run_work_dir
+from service_core.status import ErrorReason
 from tests.run_holds import hold_until_asked_to_stop
 from tests.trainer_core.datagen import write_sentiment_csv
 from tests.trainjobs.conftest import job_spec
@@ -101,11 +102,16 @@ def test_ctrl_c_then_restart_finishes_the_running_job(tmp_path: Path) -> None:
         assert client.get(job_id)["status"] in ("queued", "running")
         changes = [e.data for e in client.events(job_id) if e.event == "status"]
         statuses = [data["status"] for data in changes]
-        assert statuses[-1] == "succeeded"
-        assert "queued" in statuses[1:], statuses  # it went back to the queue and ran again
-        requeue = next(data for data in changes if data["status"] == "queued" and data.get("previous") == "running")
+        assert statuses == ["running", "queued", "running", "succeeded"], statuses
+        requeue = changes[1]
+        assert requeue["reason"] == ErrorReason.shutdown_requeue, requeue
         assert "from checkpoint-" in requeue["message"], requeue  # not from the start
-        assert client.get(job_id)["attempts"] == 2
+        job = client.get(job_id)
+        total = job["progress"]["total"]
+        assert (job["attempts"], job["progress"]["step"], total) == (2, total, 300)  # 50 epochs x 6 steps
+        # Resumed from the checkpoint: every logged step once, none twice.
+        steps = [p["step"] for p in client.metrics(job_id, name="loss")]
+        assert steps == list(range(2, total + 1, 2))
     finally:
         interrupt(dev)
     assert processes_in(tmp_path) == []

@@ -7,8 +7,9 @@ model loads and predicts; the measured optimizer state equals the estimate's; ca
 the running-jobs cap; a QLoRA chat fine-tune whose adapter loads with PEFT; a run reporting to W&B
 and MLflow, its links on the job.
 
-The tests that kill nothing share one live service per shape (the ``service`` fixture: an API, two
-worker processes, a slot each); a worker's shutdown gets a service of its own.
+The tests share one live service per shape (the ``service`` fixture: an API, two worker processes, a
+slot each). A worker's shutdown, which puts its running job back on the queue from a checkpoint for
+the next worker to finish, is checked through ``trainjobs dev`` (tests/trainjobs/test_dev_launcher.py).
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ import httpx
 import pytest
 import redis
 import torch
-from sqlalchemy import select
 
-from service_core.db import JobEvent
 from service_core.db.session import session_scope
 from service_core.keys import create_api_key
 from service_core.settings import Settings
@@ -41,7 +40,7 @@ from worker.procfs import cmdline
 from worker.zygote import MARKER
 
 from .conftest import create_pg_database, drop_pg_database, group_members, make_settings, quick_spec
-from .live import LiveService, live_service, processes_mentioning, read_sse, start_worker, stop
+from .live import LiveService, live_service, processes_mentioning, read_sse, start_worker
 
 pytestmark = pytest.mark.slow
 REDIS_DB = 13  # these tests' own Redis database; queue names are unique per run as well
@@ -376,41 +375,3 @@ def test_a_job_reports_to_wandb_and_mlflow_and_shows_their_links(
     for name, want in expected.items():
         got = sorted((m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, name))
         assert got == want, name
-
-
-def requeue_event(settings: Settings, job_id: str) -> dict[str, Any]:
-    """The data of the job's status event that put it back on the queue."""
-    with session_scope(settings.database_url) as s:
-        rows = s.execute(select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status")).scalars()
-        return next(data for data in rows if data["status"] == "queued")
-
-
-def test_worker_shutdown_requeues_and_a_new_worker_resumes(tmp_path: Path) -> None:
-    """Stopping the worker (SIGTERM, like Ctrl-C in `trainjobs dev`) checkpoints the running job and
-    puts it back on the queue; the next worker resumes it from the checkpoint to success."""
-    with started_service("embedded", tmp_path) as service, service.client(timeout=30) as client:
-        # Long enough (tiny steps take ~20 ms) that the worker's shutdown lands mid-run on any machine.
-        spec = quick_spec(data_files(service.settings), num_train_epochs=50, eval_strategy="no")
-        job_id = client.post("/v1/jobs", json={**spec, "queue": service.queue}).json()["id"]
-        deadline = time.monotonic() + 60
-        while client.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] < 3:
-            assert time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.2)
-        stop(service.worker, 60)
-        assert service.worker.returncode == 0
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        assert (job["status"], job["attempts"]) == ("queued", 1)
-        assert requeue_event(service.settings, job_id)["reason"] == ErrorReason.shutdown_requeue
-        assert processes_mentioning(str(service.settings.home / "runs")) == []
-        stopped_at, total = job["progress"]["step"], job["progress"]["total"]
-        assert total == 400  # 50 epochs x 8 optimizer steps
-        assert 3 <= stopped_at < total
-
-        restarted = start_worker(service)
-        try:
-            final = wait_status(client, job_id, TERMINAL_STATUSES, timeout=90)
-        finally:
-            stop(restarted, 60)
-        assert (final["status"], final["attempts"], final["progress"]["step"]) == ("succeeded", 2, total)
-        steps = [p["step"] for p in poll_metrics(client, job_id, 10) if p["name"] == "loss"]
-        assert steps == list(range(1, total + 1))  # resumed from the checkpoint: no step twice

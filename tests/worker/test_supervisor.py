@@ -1,5 +1,5 @@
 """Real runs under the supervisor: success with artifacts, cancel that kills the whole process group,
-failures recorded with their real reason. (Worker shutdown and resume: test_service_e2e.py.)"""
+failures recorded with their real reason. (Worker shutdown and resume: tests/trainjobs/test_dev_launcher.py.)"""
 
 from __future__ import annotations
 
