@@ -14,7 +14,7 @@ from trainer_core.spec import parse_spec
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_minilm_fine_tunes_to_90_percent(tmp_path: Path, minilm_path: Path, backend: str) -> None:
-    files = datagen.write_sentiment_csv(tmp_path / "data", n_train=240, n_val=60)
+    files = datagen.write_sentiment_csv(tmp_path / "data", n_train=96, n_val=60)
     spec = parse_spec(datagen.tiny_text_spec(
         files, model_path=minilm_path,
         preprocessing={"max_length": 32},
