@@ -55,6 +55,7 @@ HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06/07 (pytest -n 3, seconds 
     "tests/trainjobs/test_webhooks_live.py": 36,
     "tests/worker/test_lease_live.py": 33,
     "tests/worker/test_object_store_e2e.py": 30,
+    "tests/trainer_core/test_issue_example.py": 30,
     "tests/api/test_schema_fuzz.py": 23,
     "tests/trainer_core/test_preference_training.py": 21,
     "tests/worker/test_restarts_and_outages.py": 20,
