@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.worker.test_service_e2e import predict_with
+from tests.worker.test_service_e2e import download_artifacts, predict_with
 
 from .stack import TERMINAL, Fleet, dataset_spec, new_queue, wait_for
 
@@ -57,14 +57,8 @@ def test_a_job_continues_on_another_host_from_the_stored_checkpoint(
         with zipfile.ZipFile(io.BytesIO(archive.content)) as opened:
             opened.extractall(tmp_path)
         # The child's model, trained on the second host, downloads file by file through the API host.
-        listing = {item["path"] for item in client.get(f"/v1/jobs/{child}/artifacts").json()["items"]}
-        assert {"model.safetensors", "config.json", "tokenizer.json"} <= listing
-        model_dir = tmp_path / "child"
-        model_dir.mkdir()
-        for name in sorted(p for p in listing if "/" not in p):
-            got = client.get(f"/v1/jobs/{child}/artifacts/{name}")
-            assert got.status_code == 200, (name, got.text)
-            (model_dir / name).write_bytes(got.content)
+        model_dir = download_artifacts(client, child, tmp_path / "child")
+        assert {"model.safetensors", "config.json", "tokenizer.json"} <= {path.name for path in model_dir.iterdir()}
     # The API host served what the worker hosts stored: neither its disk nor this one's was shared.
     assert not list(fleet.api.disk.rglob("model.safetensors"))
     predict_with(model_dir)

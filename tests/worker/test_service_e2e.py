@@ -187,17 +187,24 @@ def test_submit_run_stream_and_download(service: LiveService, tmp_path: Path) ->
         assert report["total"]["device_hours"] == pytest.approx(usage["device_hours"])
         assert report["total"]["cost"] == pytest.approx(usage["cost"])
 
-        listing = {item["path"] for item in client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]}
-        assert {"model.safetensors", "config.json", "metrics.json", "worker.log", "tokenizer.json"} <= listing
-        model_dir = tmp_path / "downloaded"
-        model_dir.mkdir()
-        for name in sorted(p for p in listing if "/" not in p):
-            got = client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
-            assert got.status_code == 200
-            (model_dir / name).write_bytes(got.content)
+        model_dir = download_artifacts(client, job_id, tmp_path / "downloaded")
+        assert {"model.safetensors", "config.json", "metrics.json", "worker.log", "tokenizer.json"} <= {
+            path.name for path in model_dir.iterdir()
+        }
 
     predict_with(model_dir)
     assert processes_mentioning(str(service.settings.home / "runs")) == []  # the run is gone
+
+
+def download_artifacts(client: Any, job_id: str, folder: Path) -> Path:
+    """Every top-level artifact of the job, listed and downloaded one by one through the API into ``folder``."""
+    listing = {item["path"] for item in client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]}
+    folder.mkdir()
+    for name in sorted(p for p in listing if "/" not in p):
+        got = client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
+        assert got.status_code == 200, (name, got.text)
+        (folder / name).write_bytes(got.content)
+    return folder
 
 
 def predict_with(model_dir: Path) -> None:
