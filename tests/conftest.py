@@ -26,7 +26,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
-from tests.mlflow_server import MlflowServer, mlflow_server
+from tests.mlflow_server import MlflowServer, start_mlflow_server
+from tests.shared_servers import claim_folder, shared_server, stop_servers
 from trainjobs.seaweedfs import SeaweedFS
 from worker import forkserver
 from worker.run_env import run_environment
@@ -43,31 +44,44 @@ LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's sessio
     for name in ("checkpoints", "init_from", "lean_client", "live_logs", "live_preflight_downloads", "live_service",
                  "pause_resume", "preference")
 )
-HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-06/07 (pytest -n 3, seconds per unit)
-    "tests/fleet/": 136,
-    "tests/trainjobs live service": 90,
-    "tests/ui/": 87,
-    "tests/worker/test_service_e2e.py": 55,
-    "tests/bench/test_gpu_check_smoke.py": 56,
-    "tests/bench/test_chaos_short.py": 47,
-    "tests/trainjobs/test_dev_launcher.py": 41,
-    "tests/worker/test_gang.py": 37,
-    "tests/trainjobs/test_webhooks_live.py": 36,
-    "tests/worker/test_lease_live.py": 33,
-    "tests/worker/test_object_store_e2e.py": 30,
-    "tests/trainer_core/test_issue_example.py": 30,
-    "tests/api/test_schema_fuzz.py": 23,
-    "tests/trainer_core/test_preference_training.py": 21,
-    "tests/worker/test_restarts_and_outages.py": 20,
-    "tests/trainer_core/test_run_pretrained.py": 20,
-    "tests/api/test_event_push.py": 19,
-    "tests/worker/test_webhooks.py": 19,
-    "tests/trainjobs/test_package_install.py": 18,
-    "tests/trainer_core/memory/test_sharding_agreement.py": 16,
-    "tests/trainjobs/test_readme_fresh_clone.py": 15,
-    "tests/api/test_preflight.py": 14,
-    "tests/bench/test_bench_compile.py": 14,
-    "tests/worker/test_forkserver.py": 14,
+HEAVY_UNITS: dict[str, int] = {  # measured 2026-12-07 (pytest -n 3, seconds per unit)
+    "tests/fleet/": 249,
+    "tests/ui/": 147,
+    "tests/trainjobs live service": 112,
+    "tests/worker/test_service_e2e.py": 73,
+    "tests/bench/test_chaos_short.py": 70,
+    "tests/worker/test_lease_live.py": 67,
+    "tests/trainjobs/test_dev_launcher.py": 64,
+    "tests/bench/test_gpu_check_smoke.py": 54,
+    "tests/trainjobs/test_package_install.py": 51,
+    "tests/worker/test_gang.py": 47,
+    "tests/api/test_schema_fuzz.py": 45,
+    "tests/bench/test_bench_compile.py": 43,
+    "tests/worker/test_object_store_e2e.py": 39,
+    "tests/trainjobs/test_webhooks_live.py": 38,
+    "tests/worker/test_forkserver.py": 35,
+    "tests/trainjobs/test_readme_fresh_clone.py": 35,
+    "tests/trainer_core/test_preference_training.py": 31,
+    "tests/worker/test_webhooks.py": 29,
+    "tests/api/test_event_push.py": 28,
+    "tests/trainjobs/test_serving.py": 27,
+    "tests/worker/test_restarts_and_outages.py": 26,
+    "tests/trainer_core/test_run_distributed.py": 24,
+    "tests/trainer_core/test_run_sharded.py": 23,
+    "tests/trainer_core/memory/test_sharding_agreement.py": 22,
+    "tests/trainjobs/test_idempotent_submit.py": 22,
+    "tests/api/test_memory_overhead.py": 20,
+    "tests/trainjobs/test_lifecycle.py": 19,
+    "tests/api/test_preflight.py": 19,
+    "tests/trainer_core/test_trackers.py": 17,
+    "tests/trainjobs/test_service_commands.py": 16,
+    "tests/api/test_retention.py": 15,
+    "tests/worker/test_running_cap.py": 15,
+    "tests/trainer_core/test_run_pretrained.py": 14,
+    "tests/trainer_core/memory/test_catalog.py": 14,
+    "tests/trainer_core/test_run_accumulation.py": 13,
+    "tests/worker/test_checkpoint_store.py": 13,
+    "tests/trainer_core/test_issue_example.py": 30,  # 6 s alone, 30-90 s beside the other one-test units
 }
 
 
@@ -113,7 +127,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # xdist's default --loadscope-reorder stays: it sends the units with the most tests first, and the
     # weights below only break its ties. Heaviest first (reorder off) was tried and was slower: the
     # heavy multi-process units then ran side by side on both cores and each took up to twice as long
-    # (a clean-clone run 1,545 s against 1,396 and 1,463 s), and one failed under that load.
+    # (a clean-clone run 1,545 s against 1,396 and 1,463 s), and one failed under that load. Tried again
+    # with measured weights (2026-12-07): 744 s against 699 and 712 s, every kind of process using 10-20%
+    # more CPU for the same work (the chaos bench took 123 s beside the live-service unit, 70 s at the end).
 
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -168,25 +184,49 @@ def warm_runs() -> Iterator[forkserver.ForkServer]:
     forkserver.stop_fork_server()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    claim_folder()  # the servers below: one of each per run, however many xdist workers ask
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stop_servers()
+
+
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    """A real SeaweedFS S3 server (``weed mini``) for the session, on free ports, data in a temp folder.
+    """A real SeaweedFS S3 server (``weed mini``) for the run, on free ports, data in a temp folder;
+    shared by the xdist workers (tests/shared_servers.py): each test uses a prefix of its own.
 
     Its AWS variables are set in this process too, so in-process code (ArtifactStore, s3fs) reaches it
     exactly as a deployment configured by the standard variables would.
     """
-    store = SeaweedFS(data_dir=tmp_path_factory.mktemp("seaweedfs"))
-    with store, pytest.MonkeyPatch.context() as patch:
+
+    def start() -> tuple[dict[str, Any], int]:
+        store = SeaweedFS(data_dir=tmp_path_factory.mktemp("seaweedfs")).start()
+        assert store.process is not None
+        fields = {"data_dir": str(store.data_dir), "bucket": store.bucket, "ip": store.ip,
+                  "access_key": store.access_key, "secret_key": store.secret_key, "s3_port": store.s3_port}  # fmt: skip
+        return fields, store.process.pid
+
+    fields = shared_server("seaweedfs", start)
+    store = SeaweedFS(**{**fields, "data_dir": Path(fields["data_dir"])})
+    with pytest.MonkeyPatch.context() as patch:
         for name, value in store.aws_env().items():
             patch.setenv(name, value)
         yield store
 
 
 @pytest.fixture(scope="session")
-def mlflow_tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """A real ``mlflow server`` for the session (tests/mlflow_server.py); tests use experiments of their own."""
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
-        yield server
+def mlflow_tracking(tmp_path_factory: pytest.TempPathFactory) -> MlflowServer:
+    """A real ``mlflow server`` for the run (tests/mlflow_server.py), shared by the xdist workers
+    (tests/shared_servers.py); tests use experiments of their own."""
+
+    def start() -> tuple[dict[str, Any], int]:
+        server, group = start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
+        return {"url": server.url, "root": str(server.root)}, group
+
+    fields = shared_server("mlflow", start)
+    return MlflowServer(url=fields["url"], root=Path(fields["root"]))
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """A real ``mlflow server`` for the tests: SQLite backend store, served artifacts, a free port.
 
-Started once per session (it takes seconds: tests/conftest.py's ``mlflow_server``); each test uses an
-experiment of its own. Its job runner (huey consumers, for MLflow's GenAI jobs) stays off: nothing
-here uses it, and it would start seven processes on a two-core machine.
+Started once per test run (it takes seconds): tests/conftest.py's ``mlflow_tracking``, through
+tests/shared_servers.py. Each test uses an experiment of its own. Its job runner (huey consumers, for
+MLflow's GenAI jobs) stays off: nothing here uses it, and it would start seven processes on a two-core
+machine.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +29,9 @@ class MlflowServer:
     root: Path  # its database and artifacts
 
 
-@contextmanager
-def mlflow_server(root: Path) -> Iterator[MlflowServer]:
-    """``mlflow server`` on 127.0.0.1, until the context ends (its whole process group is stopped)."""
+def start_mlflow_server(root: Path) -> tuple[MlflowServer, int]:
+    """Start ``mlflow server`` on 127.0.0.1 and wait until it answers; the server and the process group
+    to stop it by (the server and the uvicorn it starts)."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -43,20 +42,14 @@ def mlflow_server(root: Path) -> Iterator[MlflowServer]:
     with (root / "server.log").open("wb") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield MlflowServer(url=url, root=root)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn it starts
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _healthy(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            raise RuntimeError(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.25)
+    return MlflowServer(url=url, root=root), proc.pid
 
 
 def _healthy(url: str) -> bool:
