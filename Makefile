@@ -48,9 +48,9 @@ chromium:
 # Three test processes on the two cores by default (xdist; tests/conftest.py says how the work is split).
 # With two, both cores were idle a quarter of the time, each test process waiting on the services it
 # started (process starts, polls); a third fills that: on a quiet 2-core machine the suite took 427 s
-# with three (cores 91% busy) against 490 s with two (77%). A fourth costs more than it fills: a
-# clean-clone `.ci/run` took 835 s with four against 744-762 s with three (2026-12-07), each process
-# slower beside more of them. PYTEST_WORKERS=0 runs serially.
+# with three (cores 91% busy) against 490 s with two (77%). A fourth showed no gain: a clean-clone
+# `.ci/run` took 835 s with four, against 744-827 s with three (2026-12-07). PYTEST_WORKERS=0 runs
+# serially.
 PYTEST_WORKERS ?= 3
 
 PYTEST_RUN = $(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --durations=30
