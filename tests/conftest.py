@@ -128,8 +128,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # weights below only break its ties. Heaviest first (reorder off) was tried and was slower: the
     # heavy multi-process units then ran side by side on both cores and each took up to twice as long
     # (a clean-clone run 1,545 s against 1,396 and 1,463 s), and one failed under that load. Tried again
-    # with measured weights (2026-12-07): 744 s against 699 and 712 s, every kind of process using 10-20%
-    # more CPU for the same work (the chaos bench took 123 s beside the live-service unit, 70 s at the end).
+    # with measured weights (2026-12-07, one run): 744 s against 699 and 712 s in the default order, and
+    # 1,381 s of CPU against 1,235 (the chaos bench took 123 s beside the live-service unit, 70 s at the
+    # end). That is inside the day's run-to-run spread (744-827 s on clean clones), so it shows no gain,
+    # not a loss.
 
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
