@@ -13,7 +13,6 @@ A ``pytest`` started by a test inherits the folder and uses the same servers, an
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -24,6 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from worker.procfs import all_processes
+from worker.supervisor import kill_group
 
 FOLDER_ENV = "TRAINJOBS_TESTS_SHARED_SERVERS"  # set by the run's first process, inherited by its workers
 OWNER_ENV = "TRAINJOBS_TESTS_SHARED_SERVERS_OWNER"  # that process's pid: only it stops the servers
@@ -58,24 +60,13 @@ def stop_servers() -> None:
     folder = os.environ.get(FOLDER_ENV)
     if not folder or os.environ.get(OWNER_ENV) != str(os.getpid()):
         return
-    groups = [json.loads(path.read_text(encoding="utf-8"))["group"] for path in Path(folder).glob("*.json")]
+    groups = {json.loads(path.read_text(encoding="utf-8"))["group"] for path in Path(folder).glob("*.json")}
     for group in groups:
-        _signal(group, signal.SIGTERM)
+        kill_group(group, signal.SIGTERM)
     deadline = time.monotonic() + STOP_WAIT_S
-    while any(_signal(group, 0) for group in groups) and time.monotonic() < deadline:
-        for group in groups:  # a serial run started them: its own children, zombies until reaped here
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(group, os.WNOHANG)
+    # Zombies do not count: a serial run started the servers, and its children stay zombies until it exits.
+    while any(p.alive and p.pgid in groups for p in all_processes()) and time.monotonic() < deadline:
         time.sleep(0.1)
     for group in groups:
-        _signal(group, signal.SIGKILL)
+        kill_group(group)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _signal(group: int, sig: int) -> bool:
-    """Send ``sig`` to a process group; whether the group still existed."""
-    try:
-        os.killpg(group, sig)
-    except ProcessLookupError:
-        return False
-    return True
