@@ -4,16 +4,13 @@ zygote for the runs a test process starts; and how ``make test`` spreads the sui
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gc
 import os
-import sys
 import time
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 # Offline before anything imports transformers/datasets: tests must never reach a hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -30,7 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 
 from tests.mlflow_server import MlflowServer, start_mlflow_server
-from tests.shared_servers import FOLDER_ENV, claim_folder, shared_server, stop_servers
+from tests.shared_servers import claim_folder, shared_server, stop_servers
 from trainjobs.seaweedfs import SeaweedFS
 from worker import forkserver
 from worker.run_env import run_environment
@@ -120,40 +117,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Collection imported torch, transformers and every test module: objects that live as long as this
     process. Frozen, the collector's full collections during the tests no longer walk them."""
     gc.freeze()
-    compiled_first()
-
-
-# A clean clone's new venv holds no bytecode (uv installs none), and collecting the suite imports some
-# 6,400 modules: 40 s of CPU cold, 15 s warm. Three xdist workers collecting at once each compiled
-# them all (109 s of CPU against 54 warm, measured 2026-12-07 with an empty PYTHONPYCACHEPREFIX). So on a
-# cold venv the first worker collects alone, the others wait on a lock in the run's folder and then
-# collect from its caches; mypy (``make test`` runs it beside pytest) has the other core meanwhile.
-# The mark in the venv says its caches are filled: later runs take no turns.
-BYTECODE_MARK = Path(sys.prefix) / ".tests-bytecode-compiled"
-_compiling: IO[str] | None = None  # the lock, held by the worker that collects first until it is done
-
-
-def compile_first() -> None:
-    """In an xdist worker on a cold venv: return once this worker may collect (call from pytest_configure)."""
-    global _compiling
-    if not os.environ.get("PYTEST_XDIST_WORKER") or sys.dont_write_bytecode or BYTECODE_MARK.exists():
-        return
-    lock = (Path(os.environ[FOLDER_ENV]) / "bytecode.lock").open("w")  # not inherited by subprocesses
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if BYTECODE_MARK.exists():
-        lock.close()  # another worker has compiled
-    else:
-        _compiling = lock
-
-
-def compiled_first() -> None:
-    """The first worker's collection is done: mark the venv warm and let the others collect."""
-    global _compiling
-    if _compiling is not None:
-        with contextlib.suppress(OSError):  # a read-only venv: every run takes turns
-            BYTECODE_MARK.touch()
-        _compiling.close()
-        _compiling = None
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -225,7 +188,6 @@ def warm_runs() -> Iterator[forkserver.ForkServer]:
 
 def pytest_configure(config: pytest.Config) -> None:
     claim_folder()  # the servers below: one of each per run, however many xdist workers ask
-    compile_first()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
