@@ -249,6 +249,7 @@ def test_train_job_runs_dpo_on_prepared_data(tmp_path: Path, backend: str) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_runs")  # the run of two processes forks from a zygote (runhelpers.run says why)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_processes_run_dpo(tmp_path: Path, backend: str) -> None:
     spec = job_spec(tmp_path, backend, resources={"num_processes": 2})
