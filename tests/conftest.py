@@ -132,6 +132,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # 1,381 s of CPU against 1,235 (the chaos bench took 123 s beside the live-service unit, 70 s at the
     # end). That is inside the day's run-to-run spread (744-827 s on clean clones), so it shows no gain,
     # not a loss.
+    # Also tried (2026-12-07, not kept): a clean clone's venv has no bytecode, and the three workers each
+    # compiled what collection imports (109 s of CPU against 54 warm). One worker collecting first and
+    # the others from its caches saved that CPU but no time (a clean-clone run took 1,017 s against
+    # 994): the tests start no sooner, and the freed core ran mypy, which otherwise fills idle moments.
 
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
