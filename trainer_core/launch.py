@@ -51,6 +51,7 @@ TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 # Each rank's entry, ``-m`` in torchrun's arguments: a new interpreter runs the module, a forked rank
 # calls its ``main``. Named, not imported: it trains through trainer_core.run, which imports this module.
 RANK_MODULE = "trainer_core.rank_entry"
+SIBLING_FORK_WAIT_S = 60.0  # a forked rank's longest wait for its siblings' forks (_await_sibling_forks)
 
 
 @dataclass(frozen=True)
@@ -307,6 +308,7 @@ def _forked_rank(module: str, *rank_args: str) -> None:
 
     import torch
 
+    _await_sibling_forks()
     if threads := os.environ.get("OMP_NUM_THREADS"):  # torchrun's choice: a new interpreter reads it at start
         torch.set_num_threads(int(threads))
     if "accelerate.state" in sys.modules:
@@ -320,3 +322,29 @@ def _forked_rank(module: str, *rank_args: str) -> None:
     status = importlib.import_module(module).main(list(rank_args))
     if status:
         raise SystemExit(status)
+
+
+def _await_sibling_forks(timeout_s: float = SIBLING_FORK_WAIT_S) -> None:
+    """In a forked rank, before its work: until the launcher has forked every rank of this node.
+
+    The launcher is torchrun's agent, whose stores are served by threads of their own, set to work by
+    each rank that connects. A rank forked while one of them is inside glibc's resolver (torch names
+    a socket's peer with getnameinfo) inherits the resolver's lock taken by a thread it does not have,
+    and hangs in getnameinfo at its own first connection (in a clean-clone suite run, three ranks
+    waited for the fourth until the test's timeout). So no rank of this node connects while its
+    siblings are being forked. (A multi-node run's other nodes may still connect to a store on this
+    node meanwhile.)
+    Where /proc lists no children (not Linux), or past ``timeout_s``, it goes on."""
+    wanted = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    launcher = os.getppid()
+    children = Path(f"/proc/{launcher}/task/{launcher}/children")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if len(children.read_text().split()) >= wanted:
+                return
+        except OSError:
+            return
+        time.sleep(0.001)
+    logger.warning("rank %s: the launcher forked fewer than %d ranks in %.0f s; going on",
+                   os.environ.get("LOCAL_RANK"), wanted, timeout_s)  # fmt: skip
