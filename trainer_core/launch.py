@@ -337,6 +337,7 @@ def _await_sibling_forks(timeout_s: float = SIBLING_FORK_WAIT_S) -> None:
     Where /proc lists no children (not Linux), or past ``timeout_s``, it goes on."""
     wanted = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     launcher = os.getppid()
+    # Read here, not with worker/procfs.py:children_of: the engine imports nothing of the service.
     children = Path(f"/proc/{launcher}/task/{launcher}/children")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

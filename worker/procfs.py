@@ -64,6 +64,11 @@ def parent_of(pid: int) -> int | None:
     return stat.ppid if stat is not None else None
 
 
+def children_of(pid: int) -> set[int]:
+    """The pids of ``pid``'s children, from the kernel (``/proc/PID/task/PID/children``)."""
+    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
 def all_processes() -> Iterator[ProcStat]:
     """Every process's stat, skipping those that end while the listing is read."""
     for entry in os.listdir("/proc"):

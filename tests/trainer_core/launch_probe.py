@@ -7,10 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from worker.procfs import children_of
+
 
 def main(argv: list[str]) -> int:
-    launcher = os.getppid()
-    forked = len(Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split())
+    forked = len(children_of(os.getppid()))
     (Path(argv[0]) / f"rank-{os.environ['LOCAL_RANK']}").write_text(str(forked), encoding="utf-8")
     return 0
 

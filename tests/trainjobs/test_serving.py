@@ -21,7 +21,7 @@ from tests.trainjobs.live import REPO, trainjobs_argv
 from tests.trainjobs.sockets import accepted_nodelay
 from tests.worker.live import free_port
 from trainjobs.serving import FAST_EXIT_S, MAX_QUICK_DEATHS, reuse_port_socket, serve_api_processes
-from worker.procfs import is_alive
+from worker.procfs import children_of, is_alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
 
@@ -49,11 +49,6 @@ def socket_owners(port: int, state: str) -> list[int]:
         ["ss", "-tnpH", "state", state, f"( sport = :{port} )"], capture_output=True, text=True, check=True
     ).stdout
     return [int(pid) for pid in re.findall(r"pid=(\d+)", out)]
-
-
-def children_of(pid: int) -> set[int]:
-    """The pids of ``pid``'s children, from the kernel (serve's API processes are its own children)."""
-    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
 
 
 def age_s(pid: int) -> float:
