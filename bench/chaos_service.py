@@ -112,6 +112,8 @@ class Service:
         self.last_body = ""  # of the last answer to `answers`, for a report of an unexpected one
         self.queue = f"chaos-{self.tag}"
         env = {"TRAINJOBS_HOME": str(self.home), "TRAINJOBS_CANCEL_GRACE_SECONDS": str(GRACE_S), **(extra_env or {})}
+        if parent := os.environ.get("TRAINJOBS_ZYGOTE_PARENT"):  # run by the suite: its slots' zygotes fork there
+            env["TRAINJOBS_ZYGOTE_PARENT"] = parent
         observer: str | None = None
         if shape == "production":
             self.db_name = f"trainjobs_chaos_{self.tag}"

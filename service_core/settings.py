@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     # A worker slot forks its runs from a parent that has imported torch and transformers already
     # (worker/forkserver.py): seconds off every run's start, for one idle process per slot.
     prewarm_runs: bool = Field(default=True, validation_alias="TRAINJOBS_PREWARM_RUNS")
+    # Testing aid: the socket of a `python -m worker.zygote --parent PATH` that forks each slot's zygote
+    # ready-imported, instead of every slot importing its own (the suite starts ~40 workers).
+    zygote_parent: str | None = Field(default=None, validation_alias="TRAINJOBS_ZYGOTE_PARENT")
     # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
     max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
     max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")

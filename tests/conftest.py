@@ -5,7 +5,9 @@ zygote for the runs a test process starts; and how ``make test`` spreads the sui
 from __future__ import annotations
 
 import gc
+import getpass
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Generator, Iterator
@@ -23,11 +25,30 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 # train faster on one thread anyway; and a run's numbers then match an in-process reference's
 # (runhelpers sets one thread here), whether the suite runs on both cores or serially.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Two libraries write to os.environ when first imported, and the in-process tests import them:
+# threadpoolctl sets KMP_DUPLICATE_LIB_OK (the first dataset a test loads: datasets' load_dataset ->
+# scipy.io), torch's inductor sets TORCHINDUCTOR_CACHE_DIR (the first model a test builds:
+# transformers.integrations.deepgemm). Both reach runs, and a zygote forks only runs whose environment
+# is its own: set here to the values those imports would set, every zygote and slot of the suite (this
+# process's, the zygote parent's, each live service's) has one run environment from the start
+# (test_forkserver.py:test_the_suites_zygote_still_serves_runs_once_a_dataset_was_loaded_here).
+# Likewise a worker started as production starts it (`trainjobs worker --gpus 0`, tests/trainjobs/live.py)
+# gives its slot CUDA_VISIBLE_DEVICES=0: every process sees that (the suite trains on the CPU either way).
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{tempfile.gettempdir()}/torchinductor_{getpass.getuser()}")
 
 import pytest
 
 from tests.mlflow_server import MlflowServer, start_mlflow_server
-from tests.shared_servers import claim_folder, shared_server, stop_servers
+from tests.shared_servers import (
+    ZYGOTE_PARENT_ENV,
+    await_zygote_parent,
+    claim_folder,
+    share_zygote_parent,
+    shared_server,
+    stop_servers,
+)
 from trainjobs.seaweedfs import SeaweedFS
 from worker import forkserver
 from worker.run_env import run_environment
@@ -115,8 +136,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Collection imported torch, transformers and every test module: objects that live as long as this
-    process. Frozen, the collector's full collections during the tests no longer walk them."""
+    process. Frozen, the collector's full collections during the tests no longer walk them. Then, before
+    the first test starts a worker, the zygote parent has imported too (tests/shared_servers.py)."""
     gc.freeze()
+    await_zygote_parent()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -177,21 +200,14 @@ def warm_runs() -> Iterator[forkserver.ForkServer]:
     tracker's variables, say) still starts fresh: start_run decides, as in a slot. The forked path
     itself is tested in tests/worker/test_forkserver.py on this zygote (only the tests that kill a
     zygote start one of their own: a second zygote here would be killed as a run by kill_own_runs)."""
-    # Two libraries write to os.environ when first imported, and the in-process tests import them:
-    # threadpoolctl sets KMP_DUPLICATE_LIB_OK (the first dataset a test loads: datasets' load_dataset ->
-    # scipy.io), torch._dynamo sets TORCHINDUCTOR_CACHE_DIR (the first model a test builds:
-    # transformers.integrations.deepgemm). Imported before the zygote takes its environment, the runs'
-    # environments stay equal to it (test_forkserver.py:test_the_suites_zygote_still_serves_runs_...).
-    import threadpoolctl  # noqa: F401
-    import torch._dynamo  # noqa: F401
-
-    server = forkserver.start_fork_server(run_environment(os.environ))
+    server = forkserver.start_fork_server(run_environment(os.environ), os.environ.get(ZYGOTE_PARENT_ENV))
     yield server
     forkserver.stop_fork_server()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     claim_folder()  # the servers below: one of each per run, however many xdist workers ask
+    share_zygote_parent()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -9,6 +9,9 @@ only process), stops every server in it when the run ends: no worker can, since 
 using the server when the first worker is done.
 
 A ``pytest`` started by a test inherits the folder and uses the same servers, and stops none.
+
+One of them is not a network server: the zygote parent (:func:`share_zygote_parent`), which every worker
+slot the run starts asks for its pre-imported zygote.
 """
 
 from __future__ import annotations
@@ -18,18 +21,24 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.procfs import all_processes
+from worker.procfs import all_processes, is_alive
+from worker.run_env import run_environment
 from worker.supervisor import kill_group
+from worker.zygote import MARKER
 
+REPO = Path(__file__).resolve().parents[1]
 FOLDER_ENV = "TRAINJOBS_TESTS_SHARED_SERVERS"  # set by the run's first process, inherited by its workers
 OWNER_ENV = "TRAINJOBS_TESTS_SHARED_SERVERS_OWNER"  # that process's pid: only it stops the servers
 STOP_WAIT_S = 15.0
+ZYGOTE_PARENT_ENV = "TRAINJOBS_ZYGOTE_PARENT"  # the worker setting (service_core/settings.py)
 
 
 def claim_folder() -> None:
@@ -52,6 +61,46 @@ def shared_server(name: str, start: Callable[[], tuple[dict[str, Any], int]]) ->
         fields, group = start()
         described.write_text(json.dumps({"fields": fields, "group": group}), encoding="utf-8")
         return fields
+
+
+def share_zygote_parent() -> None:
+    """Start the run's zygote parent (``python -m worker.zygote --parent``, a testing aid) and name its
+    socket in ``TRAINJOBS_ZYGOTE_PARENT``, which the xdist workers and every service they start inherit
+    (call from pytest_configure, after :func:`claim_folder`).
+
+    Each worker slot imports torch, transformers and peft into a zygote of its own (about 6 s of CPU);
+    the suite starts some forty slots. With this, a slot whose interpreter, folder and run environment are
+    this parent's gets a zygote forked from it, already imported, which joins the slot's namespaces (a
+    fleet host's) (worker/zygote.py:serve_slots); any other (a fresh clone's venv, a test that sets a
+    variable runs read) imports its own, as in production. The parent imports while the workers collect
+    (:func:`await_zygote_parent`)."""
+    if os.environ.get(ZYGOTE_PARENT_ENV) or os.environ.get(OWNER_ENV) != str(os.getpid()):
+        return  # a pytest started by a test (it inherited the variable), or an xdist worker
+    folder = Path(os.environ[FOLDER_ENV])
+
+    def start() -> tuple[dict[str, Any], int]:
+        path = folder / "zygote-parent.sock"
+        with (folder / "zygote-parent.log").open("ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "worker.zygote", "--parent", str(path), MARKER],
+                                    env=run_environment(os.environ), cwd=REPO, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+        return {"path": str(path)}, proc.pid
+
+    os.environ[ZYGOTE_PARENT_ENV] = shared_server("zygote-parent", start)["path"]
+
+
+def await_zygote_parent(timeout_s: float = 120.0) -> None:
+    """Until the zygote parent listens (call where tests are about to start: xdist workers collect
+    while it imports). A slot started sooner would import a zygote of its own."""
+    path = os.environ.get(ZYGOTE_PARENT_ENV)
+    folder = os.environ.get(FOLDER_ENV)
+    if not path or not folder:
+        return
+    described = Path(folder) / "zygote-parent.json"
+    pid = json.loads(described.read_text(encoding="utf-8"))["group"] if described.is_file() else None
+    deadline = time.monotonic() + timeout_s
+    while not Path(path).exists() and is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def stop_servers() -> None:

@@ -37,6 +37,8 @@ from worker.zygote import MARKER
 log = logging.getLogger(__name__)
 
 READY_WAIT_S = 120.0  # a cold import on a busy machine; past it the run starts the old way
+PARENT_WAIT_S = 5.0  # a parent answers at once: it listens only once it has imported
+HANDED_EXIT_WAIT_S = 5.0  # a killed zygote that is not our child: until its parent has reaped it
 RUN_MODULE = "trainer_core"  # python -m trainer_core: the engine's CLI (trainer_core/cli.py)
 
 
@@ -60,17 +62,79 @@ class RunProcess(Protocol):
 RUN_TIME_VARIABLES = frozenset({"GLOO_SOCKET_IFNAME", "TRAINJOBS_FAULT_OOM_ABOVE_MICROBATCH"})
 
 
-class ForkServer:
-    """One slot's zygote: started once, asked for runs one at a time, stopped with the slot."""
+class ZygoteProcess(Protocol):
+    """What a fork server needs of its zygote's process: ``subprocess.Popen`` and :class:`HandedZygote`."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    @property
+    def pid(self) -> int: ...
+    def poll(self) -> int | None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class HandedZygote:
+    """A zygote forked for this slot by a parent (``TRAINJOBS_ZYGOTE_PARENT``): not this process's
+    child, so known by its pid alone; its exit status is its parent's to read."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return None if is_alive(self.pid) else -signal.SIGKILL  # gone, status unknown
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (HANDED_EXIT_WAIT_S if timeout is None else timeout)
+        while (code := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["worker.zygote"], timeout or HANDED_EXIT_WAIT_S)
+            time.sleep(0.01)
+        return code
+
+
+def zygote_from_parent(path: str, env: Mapping[str, str]) -> tuple[socket.socket, HandedZygote] | None:
+    """Ask the parent listening at ``path`` (worker/zygote.py:serve_slots) to fork a zygote for this
+    slot; its socket and process, or None when there is no parent or it refuses (the slot then
+    starts its own)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(PARENT_WAIT_S)
+        sock.connect(path)
+        sock.send(json.dumps({"executable": sys.executable, "cwd": os.getcwd(), "env": dict(env)}).encode())
+        answer = json.loads(sock.recv(65536) or b"{}")
+        if not answer.get("ready"):
+            raise OSError(answer.get("why") or "the parent closed the connection")
+        sock.settimeout(None)
+        return sock, HandedZygote(int(answer["pid"]))
+    except (OSError, ValueError) as exc:
+        sock.close()
+        log.info("no zygote from the parent at %s (%s); this slot imports its own", path, exc)
+        return None
+
+
+class ForkServer:
+    """One slot's zygote: started once, asked for runs one at a time, stopped with the slot.
+
+    With ``parent`` (the path of a ``worker.zygote --parent``, a testing aid), the zygote is asked
+    of that parent first: forked there, it has imported everything already."""
+
+    def __init__(self, env: Mapping[str, str], parent: str | None = None) -> None:
         self.env = dict(env)
         self.lock = threading.Lock()
         self.exits: dict[int, int] = {}
         self.ready: bool | None = None  # None: still importing
         self.dead = False
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock = parent
+        self.proc: ZygoteProcess
+        handed = zygote_from_parent(parent, self.env) if parent else None
+        if handed is not None:
+            self.sock, self.proc = handed
+            self.ready = True
+            return
+        ours, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
         cmd = [sys.executable, "-m", "worker.zygote", str(child.fileno()), MARKER]
         self.proc = subprocess.Popen(cmd, env=self.env, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -210,11 +274,11 @@ class ForkedRun:
 _server: ForkServer | None = None
 
 
-def start_fork_server(env: Mapping[str, str]) -> ForkServer:
+def start_fork_server(env: Mapping[str, str], parent: str | None = None) -> ForkServer:
     """Start this process's fork server (a worker slot calls it once, at start)."""
     global _server
     if _server is None:
-        _server = ForkServer(env)
+        _server = ForkServer(env, parent)
     return _server
 
 

@@ -44,8 +44,9 @@ def _setup_logging(**_: Any) -> None:
 @signals.worker_init.connect
 def _start_fork_server(**_: Any) -> None:
     # Before the first message: the imports happen while the slot waits for work.
-    if get_settings().prewarm_runs:
-        start_fork_server(run_environment(os.environ))
+    settings = get_settings()
+    if settings.prewarm_runs:
+        start_fork_server(run_environment(os.environ), settings.zygote_parent)
 
 
 @signals.worker_shutdown.connect

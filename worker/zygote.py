@@ -17,17 +17,27 @@ as a run started with ``subprocess`` outlives a dead slot (recovery kills leftov
 Only this module's own imports and trainer_core are loaded: no service code, settings or secrets.
 The last argument is a marker only: recovery recognises a run process by ``trainjobs`` in its
 command line (worker/recovery.py), and a forked run shows this process's command line.
+
+``python -m worker.zygote --parent PATH trainjobs-run`` is a testing aid (``TRAINJOBS_ZYGOTE_PARENT``):
+a zygote that serves no slot itself but listens on a Unix socket at ``PATH`` and forks a zygote for
+each slot that connects, which then serves that slot exactly as above. The suite starts about forty
+workers on one machine, each of whose slots would otherwise import torch again (:func:`serve_slots`).
+It refuses a slot whose own zygote would have imported otherwise (another interpreter, folder or run
+environment: :func:`refusal`); a handed zygote joins its slot's namespaces (:func:`enter_namespaces`).
+Such a zygote, and its runs, show the parent's command line, which has the marker too.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -44,6 +54,9 @@ PREIMPORTS = (
 )  # fmt: skip
 MAX_MESSAGE = 1 << 20  # a request: argv, environment, cwd (the environment is the large part)
 REAP_EVERY_S = 0.05
+HELLO_WAIT_S = 5.0  # a slot's hello follows its connect at once
+# What a zygote forked for a slot joins of the slot's (mount first: the others' files are found in it).
+JOINED_NAMESPACES = ("mnt", "net", "uts", "ipc")
 
 
 def preimport() -> str | None:
@@ -141,10 +154,116 @@ def serve(sock: socket.socket) -> None:
                 sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
+def refusal(hello: dict[str, Any], peer_pid: int, env: dict[str, str]) -> str | None:
+    """Why a zygote forked here would differ from the one the slot that sent ``hello`` would start
+    itself (with ``python -m worker.zygote`` in its folder and run environment), or None."""
+    if hello.get("executable") != sys.executable:
+        return f"another interpreter ({hello.get('executable')})"
+    if hello.get("cwd") != sys.path[0]:  # the folder `python -m` imports the project from
+        return f"another folder ({hello.get('cwd')})"
+    theirs: dict[str, str] = hello.get("env") or {}
+    if theirs != env:  # the names alone: a token's value is nobody's business in a log
+        names = sorted(name for name in env.keys() | theirs.keys() if env.get(name) != theirs.get(name))
+        return f"another run environment ({', '.join(names)})"
+    if _namespace(peer_pid, "pid") != _namespace(os.getpid(), "pid"):
+        return "another pid namespace"  # joined only by children: the zygote itself could not be in it
+    return None
+
+
+def _namespace(pid: int, space: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{space}")
+    except OSError:
+        return None
+
+
+def enter_namespaces(peer_pid: int) -> str | None:
+    """In a zygote just forked for a slot: join the slot's namespaces where they differ from this
+    process's (a fleet test's host: its own network, hostname and mounts; root only), so that the runs
+    it forks live where the slot's own zygote would. Why it could not, or None."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    cwd = os.getcwd()
+    for space in JOINED_NAMESPACES:
+        theirs = _namespace(peer_pid, space)
+        if theirs is None:
+            return f"the slot's {space} namespace is unreadable"
+        if theirs == _namespace(os.getpid(), space):
+            continue
+        fd = os.open(f"/proc/{peer_pid}/ns/{space}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, 0) != 0:
+                return f"cannot join the slot's {space} namespace: {os.strerror(ctypes.get_errno())}"
+        finally:
+            os.close(fd)
+        if _namespace(os.getpid(), space) != theirs:
+            return f"joined another {space} namespace than the slot's"
+    os.chdir(cwd)  # joining a mount namespace moves the working directory to its root
+    return None
+
+
+def serve_slots(listener: socket.socket, env: dict[str, str]) -> None:
+    """The ``--parent`` loop: per connection, fork a zygote that serves the slot on it (or refuse)."""
+    zygotes: set[int] = set()
+    while True:
+        readable, _, _ = select.select([listener], [], [], REAP_EVERY_S)
+        if readable:
+            conn, _ = listener.accept()
+            with contextlib.suppress(OSError, ValueError):  # a slot that went away or sent garbage
+                _fork_zygote(listener, conn, env, zygotes)
+            conn.close()
+        for pid in list(zygotes):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                zygotes.discard(pid)
+
+
+def _fork_zygote(listener: socket.socket, conn: socket.socket, env: dict[str, str], zygotes: set[int]) -> None:
+    conn.settimeout(HELLO_WAIT_S)
+    hello = json.loads(conn.recv(MAX_MESSAGE))
+    peer_pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    why = "another user" if uid != os.getuid() else refusal(hello, peer_pid, env)
+    if why is not None:
+        print(f"worker.zygote: refused pid {peer_pid}: {why}", file=sys.stderr, flush=True)
+        conn.send(json.dumps({"ready": False, "why": why}).encode())
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            listener.close()
+            conn.settimeout(None)
+            os.setsid()  # as a zygote its slot starts: a session of its own, which outlives this parent
+            why = enter_namespaces(peer_pid)
+            if why is not None:
+                print(f"worker.zygote: refused pid {peer_pid}: {why}", file=sys.stderr, flush=True)
+            conn.send(json.dumps({"ready": why is None, "why": why, "pid": os.getpid()}).encode())
+            if why is None:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    serve(conn)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)  # never back into the parent's loop
+    zygotes.add(pid)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    sock = socket.socket(fileno=int(args[0]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the slot's to handle
+    if args[0] == "--parent":
+        env = dict(os.environ)  # before the imports, some of which write to it
+        unsafe = preimport()
+        if unsafe is not None:
+            print(f"worker.zygote: cannot fork zygotes: {unsafe}", file=sys.stderr)
+            return 1
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(args[1])  # only once imported: a slot that finds no socket imports its own
+        listener.listen(64)
+        serve_slots(listener, env)
+        return 0
+    sock = socket.socket(fileno=int(args[0]))
     unsafe = preimport()
     sock.send(json.dumps({"ready": unsafe is None, "why": unsafe}).encode())
     if unsafe is not None:

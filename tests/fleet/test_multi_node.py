@@ -43,15 +43,17 @@ def node_logs(client: httpx.Client, job_id: str) -> list[str]:
 def runs_on(fleet: Fleet, name: str) -> list[int]:
     """The training processes alive on host ``name``: runs started as new interpreters, and runs forked
     from a slot's zygote with their launchers and ranks, which show the zygote's command line under a
-    parent that shows it too (the zygote's own parent is its slot)."""
+    parent on the host that shows it too. The zygote's own parent is its slot, or the suite's zygote
+    parent, off the host (tests/shared_servers.py), whose command line shows the marker as well."""
     host = next(host for host in fleet.worker_hosts if host.name == name)
     marker = ZYGOTE_MARKER.encode()
+    pids = host.pids()
 
     def forked(pid: int) -> bool:
         parent = parent_of(pid)
-        return marker in cmdline(pid) and parent is not None and marker in cmdline(parent)
+        return marker in cmdline(pid) and parent in pids and marker in cmdline(parent or 0)
 
-    return [pid for pid in host.pids() if b"trainer_core" in cmdline(pid) or forked(pid)]
+    return [pid for pid in pids if b"trainer_core" in cmdline(pid) or forked(pid)]
 
 
 def listens_on(host: Host, port: int) -> bool:

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from service_core.db import Job, MetricPoint
 from service_core.db.session import session_scope
 from service_core.settings import Settings
+from tests.shared_servers import ZYGOTE_PARENT_ENV
 from worker import forkserver
 from worker.execute import execute_job
 from worker.forkserver import (
@@ -26,10 +27,11 @@ from worker.forkserver import (
     fork_server_pid,
     start_fork_server,
     start_run,
+    zygote_from_parent,
 )
 from worker.lease import kill_own_runs
 from worker.paths import run_paths
-from worker.procfs import environ, parent_of
+from worker.procfs import cmdline, environ, parent_of
 from worker.run_env import run_environment
 
 from .conftest import JobFactory, group_members, load_job, quick_spec
@@ -224,6 +226,61 @@ def test_the_fork_server_ends_with_its_slot(tmp_path: Path) -> None:
     slot.kill()
     slot.wait()
     wait_for(lambda: group_members(int(pid)) == [], 20, "the fork server to end after its slot")
+
+
+@pytest.fixture
+def zygote_parent() -> str:
+    """The suite's zygote parent's socket, once it listens (it binds it only after its imports)."""
+    path = os.environ[ZYGOTE_PARENT_ENV]
+    wait_for(lambda: Path(path).exists(), 120, "the zygote parent to listen")
+    return path
+
+
+def test_a_slot_gets_its_zygote_from_the_parent_imported_and_it_ends_with_the_slot(zygote_parent: str) -> None:
+    """``TRAINJOBS_ZYGOTE_PARENT`` (a testing aid; the suite's parent is tests/shared_servers.py's): the
+    slot's zygote is forked by the parent, ready at once, in a session of its own; it forks the slot's
+    runs, and ends when the slot does, as a zygote the slot started would."""
+    script = (
+        "import os, sys\n"
+        "from worker.forkserver import start_fork_server\n"
+        "from worker.run_env import run_environment\n"
+        "env = run_environment(os.environ)\n"
+        "server = start_fork_server(env, os.environ['TRAINJOBS_ZYGOTE_PARENT'])\n"
+        "ready = server.ready\n"  # before any wait: a zygote the slot started would still be importing
+        "run = server.launch(['--help'], env, sys.stderr.fileno())\n"
+        "print(server.proc.pid, ready, run.wait(timeout=60), run.stdout.read().startswith('usage'), flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    slot = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    assert slot.stdout is not None
+    pid, ready, code, usage = slot.stdout.readline().split()
+    assert (ready, code, usage) == ("True", "0", "True")
+    assert b"--parent" in cmdline(parent_of(int(pid)) or 0)  # forked there, not started by the slot
+    assert group_members(int(pid)) == [int(pid)]
+    slot.kill()
+    slot.wait()
+    wait_for(lambda: group_members(int(pid)) == [], 20, "the handed zygote to end after its slot")
+
+
+def test_the_zygote_parent_refuses_another_run_environment_and_joins_a_slots_namespaces(zygote_parent: str) -> None:
+    """A slot with another run environment gets no zygote from the parent: it imports its own, whose runs
+    see what they would in production. A slot in other namespaces (a fleet host's, tests/fleet: its own
+    network and hostname) gets one that has joined them, so its runs live on that host."""
+    assert zygote_from_parent(zygote_parent, {**run_environment(os.environ), "OMP_NUM_THREADS": "2"}) is None
+    script = (
+        "import os, socket\n"
+        "from worker.forkserver import zygote_from_parent\n"
+        "from worker.run_env import run_environment\n"
+        "sock, zygote = zygote_from_parent(os.environ['TRAINJOBS_ZYGOTE_PARENT'], run_environment(os.environ))\n"
+        "pids = (os.getpid(), zygote.pid)\n"
+        "print(*(os.readlink(f'/proc/{pid}/ns/{space}') for pid in pids for space in ('net', 'uts')))\n"
+    )
+    host = subprocess.run(["unshare", "--net", "--uts", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert host.returncode == 0, host.stderr
+    slot_net, slot_uts, zygote_net, zygote_uts = host.stdout.split()
+    assert (zygote_net, zygote_uts) == (slot_net, slot_uts)
+    assert slot_net != os.readlink("/proc/self/ns/net")  # the slot was elsewhere, and so is its zygote
 
 
 def test_the_suites_zygote_still_serves_runs_once_a_dataset_was_loaded_here(
