@@ -90,11 +90,12 @@ def share_zygote_parent() -> None:
 
 
 def await_zygote_parent(timeout_s: float = 120.0) -> None:
-    """Until the zygote parent listens (call where tests are about to start: xdist workers collect
-    while it imports). A slot started sooner would import a zygote of its own."""
+    """Until the zygote parent listens, in an xdist worker (call where its tests are about to start: it
+    collected while the parent imported). A slot started sooner would import a zygote of its own; a
+    serial run (a few tests, often none with a worker) does not wait."""
     path = os.environ.get(ZYGOTE_PARENT_ENV)
     folder = os.environ.get(FOLDER_ENV)
-    if not path or not folder:
+    if not path or not folder or not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     described = Path(folder) / "zygote-parent.json"
     pid = json.loads(described.read_text(encoding="utf-8"))["group"] if described.is_file() else None

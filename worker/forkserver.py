@@ -31,14 +31,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Protocol
 
-from worker.procfs import is_alive
+from worker.procfs import is_alive, proc_stat
 from worker.zygote import MARKER
 
 log = logging.getLogger(__name__)
 
 READY_WAIT_S = 120.0  # a cold import on a busy machine; past it the run starts the old way
 PARENT_WAIT_S = 5.0  # a parent answers at once: it listens only once it has imported
-HANDED_EXIT_WAIT_S = 5.0  # a killed zygote that is not our child: until its parent has reaped it
 RUN_MODULE = "trainer_core"  # python -m trainer_core: the engine's CLI (trainer_core/cli.py)
 
 
@@ -74,23 +73,29 @@ class ZygoteProcess(Protocol):
 
 class HandedZygote:
     """A zygote forked for this slot by a parent (``TRAINJOBS_ZYGOTE_PARENT``): not this process's
-    child, so known by its pid alone; its exit status is its parent's to read."""
+    child, so known by its pid and start time (its parent reaps it, and the pid may then be reused);
+    its exit status is its parent's to read."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        stat = proc_stat(pid)
+        self.started = stat.started if stat is not None else None
 
     def poll(self) -> int | None:
-        return None if is_alive(self.pid) else -signal.SIGKILL  # gone, status unknown
+        stat = proc_stat(self.pid)
+        alive = stat is not None and stat.alive and stat.started == self.started
+        return None if alive else -signal.SIGKILL  # gone, status unknown
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = time.monotonic() + (HANDED_EXIT_WAIT_S if timeout is None else timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(["worker.zygote"], timeout or HANDED_EXIT_WAIT_S)
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["worker.zygote"], timeout or 0)
             time.sleep(0.01)
         return code
 

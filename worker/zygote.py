@@ -32,6 +32,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
+import importlib.machinery
 import json
 import os
 import select
@@ -42,6 +44,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 MARKER = "trainjobs-run"  # on this process's (and so every forked run's) command line, for recovery
@@ -159,14 +162,65 @@ def refusal(hello: dict[str, Any], peer_pid: int, env: dict[str, str]) -> str | 
     itself (with ``python -m worker.zygote`` in its folder and run environment), or None."""
     if hello.get("executable") != sys.executable:
         return f"another interpreter ({hello.get('executable')})"
-    if hello.get("cwd") != sys.path[0]:  # the folder `python -m` imports the project from
-        return f"another folder ({hello.get('cwd')})"
+    folder = str(hello.get("cwd"))
+    if folder != sys.path[0] and (why := _imports_otherwise_in(folder)):  # `python -m` puts it first on sys.path
+        return f"another folder ({folder}: {why})"
     theirs: dict[str, str] = hello.get("env") or {}
     if theirs != env:  # the names alone: a token's value is nobody's business in a log
         names = sorted(name for name in env.keys() | theirs.keys() if env.get(name) != theirs.get(name))
         return f"another run environment ({', '.join(names)})"
     if _namespace(peer_pid, "pid") != _namespace(os.getpid(), "pid"):
         return "another pid namespace"  # joined only by children: the zygote itself could not be in it
+    return None
+
+
+def _imports_otherwise_in(folder: str) -> str | None:
+    """Why a zygote started in ``folder`` (first on its sys.path, where this process has its own) might
+    import otherwise than this one, or None: ``folder`` holds modules, which could shadow others, or this
+    process took modules from its own folder that the rest of the path would not give (say, a checkout
+    that is not installed)."""
+    try:
+        held = sorted(entry for entry in os.listdir(folder) if _is_module(Path(folder) / entry))
+    except OSError as exc:
+        return str(exc)
+    if held:
+        return f"it holds {', '.join(held[:5])}"
+    if own := _only_in_own_folder():
+        return f"{', '.join(own[:5])} came from {sys.path[0]}"
+    return None
+
+
+def _is_module(entry: Path) -> bool:
+    if entry.is_dir():
+        return (entry / "__init__.py").is_file()  # a namespace portion shadows nothing that exists elsewhere
+    return entry.name.endswith((".py", ".pyc", *importlib.machinery.EXTENSION_SUFFIXES))
+
+
+@functools.cache
+def _only_in_own_folder() -> list[str]:
+    # The top-level modules this process imported from its folder that the rest of the import path
+    # resolves to another file, or to none.
+    names = []
+    for name, module in list(sys.modules.items()):
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if "." in name or name.startswith("__") or not isinstance(origin, str):
+            continue  # submodules follow their package; __main__ and its aliases
+        here = importlib.machinery.PathFinder.find_spec(name, sys.path[:1])
+        if here is not None and here.origin == origin and _origin(name, sys.path[1:]) != origin:
+            names.append(name)
+    return sorted(names)
+
+
+def _origin(name: str, path: list[str]) -> str | None:
+    """Where ``import name`` would load from with ``path`` as sys.path, asking the finders in order."""
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        else:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, None) if find is not None else None
+        if spec is not None:
+            return spec.origin
     return None
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from service_core.db import Job, MetricPoint
 from service_core.db.session import session_scope
 from service_core.settings import Settings
+from tests.fleet.netns import netns_unavailable
 from tests.shared_servers import ZYGOTE_PARENT_ENV
 from worker import forkserver
 from worker.execute import execute_job
@@ -262,11 +263,33 @@ def test_a_slot_gets_its_zygote_from_the_parent_imported_and_it_ends_with_the_sl
     wait_for(lambda: group_members(int(pid)) == [], 20, "the handed zygote to end after its slot")
 
 
-def test_the_zygote_parent_refuses_another_run_environment_and_joins_a_slots_namespaces(zygote_parent: str) -> None:
-    """A slot with another run environment gets no zygote from the parent: it imports its own, whose runs
-    see what they would in production. A slot in other namespaces (a fleet host's, tests/fleet: its own
-    network and hostname) gets one that has joined them, so its runs live on that host."""
+def test_the_parent_refuses_a_slot_whose_zygote_would_import_otherwise(zygote_parent: str, tmp_path: Path) -> None:
+    """A zygote the slot started would have imported under another environment, or from a folder that
+    holds modules (first on its sys.path): the slot imports its own, whose runs see what they would in
+    production. A folder that holds none changes nothing (the dev launcher runs in its home's folder)."""
     assert zygote_from_parent(zygote_parent, {**run_environment(os.environ), "OMP_NUM_THREADS": "2"}) is None
+    handed = zygote_from_parent(zygote_parent, run_environment(os.environ))  # the same slot, its own environment
+    assert handed is not None
+    handed[0].close()  # the zygote ends with its slot's end of the socket
+    script = (
+        "import os\n"
+        "from worker.forkserver import zygote_from_parent\n"
+        "from worker.run_env import run_environment\n"
+        "print(zygote_from_parent(os.environ['TRAINJOBS_ZYGOTE_PARENT'], run_environment(os.environ)) is not None)\n"
+    )
+    (tmp_path / "var").mkdir()  # data, not a module
+    empty = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert empty.stdout.strip() == "True", empty.stderr
+    (tmp_path / "datasets.py").write_text("raise SystemExit('shadowed')\n")
+    shadowing = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert shadowing.stdout.strip() == "False", shadowing.stderr
+
+
+def test_a_zygote_from_the_parent_joins_its_slots_namespaces(zygote_parent: str) -> None:
+    """A slot in other namespaces (a fleet host's, tests/fleet: its own network and hostname) gets a
+    zygote that has joined them, so the runs it forks live on that host."""
+    if why := netns_unavailable():
+        pytest.skip(f"no network namespaces: {why}")
     script = (
         "import os, socket\n"
         "from worker.forkserver import zygote_from_parent\n"
