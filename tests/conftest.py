@@ -136,10 +136,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Collection imported torch, transformers and every test module: objects that live as long as this
-    process. Frozen, the collector's full collections during the tests no longer walk them. Then, before
-    the first test starts a worker, the zygote parent has imported too (tests/shared_servers.py)."""
+    process. Frozen, the collector's full collections during the tests no longer walk them. Then, in an
+    xdist worker, before its first test starts a worker slot, the zygote parent has imported too
+    (tests/shared_servers.py): a slot started sooner would import a zygote of its own. A serial run (a few
+    tests, often none with a slot) does not wait."""
     gc.freeze()
-    await_zygote_parent()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        await_zygote_parent()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 FOLDER_ENV = "TRAINJOBS_TESTS_SHARED_SERVERS"  # set by the run's first process, inherited by its workers
 OWNER_ENV = "TRAINJOBS_TESTS_SHARED_SERVERS_OWNER"  # that process's pid: only it stops the servers
 STOP_WAIT_S = 15.0
+ZYGOTE_PARENT = "zygote-parent"  # its name among the servers: its socket, log and record in the folder
 ZYGOTE_PARENT_ENV = "TRAINJOBS_ZYGOTE_PARENT"  # the worker setting (service_core/settings.py)
 
 
@@ -79,29 +80,29 @@ def share_zygote_parent() -> None:
     folder = Path(os.environ[FOLDER_ENV])
 
     def start() -> tuple[dict[str, Any], int]:
-        path = folder / "zygote-parent.sock"
-        with (folder / "zygote-parent.log").open("ab") as log:
+        path = folder / f"{ZYGOTE_PARENT}.sock"
+        with (folder / f"{ZYGOTE_PARENT}.log").open("ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "worker.zygote", "--parent", str(path), MARKER],
                                     env=run_environment(os.environ), cwd=REPO, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=log, start_new_session=True)  # fmt: skip
         return {"path": str(path)}, proc.pid
 
-    os.environ[ZYGOTE_PARENT_ENV] = shared_server("zygote-parent", start)["path"]
+    os.environ[ZYGOTE_PARENT_ENV] = shared_server(ZYGOTE_PARENT, start)["path"]
 
 
-def await_zygote_parent(timeout_s: float = 120.0) -> None:
-    """Until the zygote parent listens, in an xdist worker (call where its tests are about to start: it
-    collected while the parent imported). A slot started sooner would import a zygote of its own; a
-    serial run (a few tests, often none with a worker) does not wait."""
+def await_zygote_parent(timeout_s: float = 120.0) -> str | None:
+    """The zygote parent's socket, once it listens (it binds it only after its imports), or while the
+    parent is gone or still importing past ``timeout_s``; None in a run without one."""
     path = os.environ.get(ZYGOTE_PARENT_ENV)
     folder = os.environ.get(FOLDER_ENV)
-    if not path or not folder or not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    described = Path(folder) / "zygote-parent.json"
+    if not path or not folder:
+        return None
+    described = Path(folder) / f"{ZYGOTE_PARENT}.json"  # shared_server's record: the parent's pid
     pid = json.loads(described.read_text(encoding="utf-8"))["group"] if described.is_file() else None
     deadline = time.monotonic() + timeout_s
     while not Path(path).exists() and is_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
+    return path
 
 
 def stop_servers() -> None:

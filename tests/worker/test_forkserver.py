@@ -18,7 +18,7 @@ from service_core.db import Job, MetricPoint
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from tests.fleet.netns import netns_unavailable
-from tests.shared_servers import ZYGOTE_PARENT_ENV
+from tests.shared_servers import await_zygote_parent
 from worker import forkserver
 from worker.execute import execute_job
 from worker.forkserver import (
@@ -231,9 +231,9 @@ def test_the_fork_server_ends_with_its_slot(tmp_path: Path) -> None:
 
 @pytest.fixture
 def zygote_parent() -> str:
-    """The suite's zygote parent's socket, once it listens (it binds it only after its imports)."""
-    path = os.environ[ZYGOTE_PARENT_ENV]
-    wait_for(lambda: Path(path).exists(), 120, "the zygote parent to listen")
+    """The suite's zygote parent's socket, once it listens."""
+    path = await_zygote_parent()
+    assert path is not None and Path(path).exists(), f"no zygote parent listening at {path}"
     return path
 
 
