@@ -61,7 +61,10 @@ pytest: $(STAMP) chromium
 # mypy beside pytest, at the lowest priority: with no cache (a clean clone) it takes about a minute of
 # one core, which the suite's waits leave free.
 # Its report prints after pytest's; either failing fails the target.
-test: lint $(STAMP) chromium
+# The venv and the browser are built side by side (`-j2`): uv's unpacking and apt's download and unpack
+# each leave a core idle, and on a fresh machine they are the ~45 s before the first test.
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint chromium
 	@log=$$(mktemp); nice -n 19 $(BIN)/mypy > $$log 2>&1 & typing=$$!; \
 	$(PYTEST_RUN); tests=$$?; \
 	wait $$typing; typed=$$?; echo "== mypy =="; cat $$log; rm -f $$log; \

@@ -222,7 +222,9 @@ def test_a_node_fetching_its_data_for_longer_than_a_lease_keeps_the_gang_alive(
     """A first fetch of the job's data may outlast the lease. The fetching node renews its own row
     meanwhile: the other node's renewals (the job's lease is the nodes' earliest) keep the job's lease
     ahead, the sweep leaves the gang alone, and the attempt ends as the fetch does, once."""
-    settings = db_settings.model_copy(update={"lease_seconds": 1.0, "lease_renew_seconds": 0.2})
+    # A lease of 2.5 s, not 1: the sweep's first look comes after the attempt starts its keeper and the
+    # fetch starts, which under the suite's load took over a second (the sweep then rightly requeued).
+    settings = db_settings.model_copy(update={"lease_seconds": 2.5, "lease_renew_seconds": 0.25})
     job_id = gang_job(settings, make_job, 2)
     a, b = replace(member("a"), slot=gang.slot_name()), member("b")  # this process is node a's slot
     with session_scope(settings.database_url) as session:
