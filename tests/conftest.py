@@ -56,9 +56,8 @@ from worker.run_env import run_environment
 # The suite runs on both cores (``make test``: ``pytest -n 3``, xdist; the Makefile says why three). The
 # unit of work is a module, run whole on one xdist worker, so its module-scoped fixtures (live stacks, a
 # zygote, an installed venv) start once; modules that share a stack are one unit. xdist hands units out
-# as workers free up, most tests first (pytest_xdist_make_scheduler); among units of as many tests,
-# heavier first. The weights are rough seconds (``--durations`` prints them); a unit not listed weighs
-# by its slow tests.
+# as workers free up, in the order :func:`unit_order` gives: most tests first, except that a heavy unit
+# counts as at least PROMOTED_TESTS tests. The weights are rough seconds (``--durations`` prints them).
 SHARED_STACK_FOLDERS = ("tests/fleet/", "tests/ui/")
 LIVE_SERVICE_MODULES = tuple(  # they share tests/trainjobs/conftest.py's session-scoped live service
     f"tests/trainjobs/test_{name}.py"
@@ -114,9 +113,33 @@ def unit_of(nodeid: str) -> str:
     return next((folder for folder in SHARED_STACK_FOLDERS if module.startswith(folder)), module)
 
 
+# xdist's own order (most tests first) put the heavy units of one to three tests (the chaos bench, the
+# dev launcher, the fresh clone, the compile bench...) last: they ran side by side after every light
+# unit had ended, and the last ~80 s of a run left a core idle (bench/suite_profile.py: busy share 0.3-0.8
+# per 20 s there, 2026-12-07). Counted as PROMOTED_TESTS tests they start in the run's middle, and its
+# end is the units of a few in-process tests. (All heavy units first was slower: the live stacks then ran
+# three at a time, each one's waits longer, see pytest_xdist_make_scheduler.)
+PROMOTED_TESTS = 10
+HEAVY_S = 20
+
+
+def unit_order(items: list[pytest.Item]) -> dict[str, tuple[int, int]]:
+    """Each unit's sort key: most tests first, a heavy unit as if it had PROMOTED_TESTS tests at least;
+    among equals, heavier first."""
+    tests: dict[str, int] = {}
+    for item in items:
+        unit = unit_of(item.nodeid)
+        tests[unit] = tests.get(unit, 0) + 1
+    weight = {unit: HEAVY_UNITS.get(unit, 0) for unit in tests}
+    return {
+        unit: (-(max(count, PROMOTED_TESTS) if weight[unit] >= HEAVY_S else count), -weight[unit])
+        for unit, count in tests.items()
+    }
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each item its own node id; under xdist, heaviest units first (a stable sort: each unit keeps its
-    tests' order), which xdist's order by test count keeps among units of as many tests."""
+    """Each item its own node id; under xdist, the units in :func:`unit_order` (a stable sort: each
+    unit keeps its tests' order), the order the scheduler hands them out in."""
     for item in items:
         # schemathesis names each operation's item `test[GET /path]`, but on pytest 9 the node id lacks
         # that suffix, so all 34 share one: xdist, which tells items apart by node id, ran one of them.
@@ -125,13 +148,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item._id = item._id.with_params(params)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # a serial run keeps the collection order
-    slow = {unit_of(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}
-
-    def weight(item: pytest.Item) -> tuple[int, bool]:
-        unit = unit_of(item.nodeid)
-        return -HEAVY_UNITS.get(unit, 0), unit not in slow
-
-    items.sort(key=weight)
+    order = unit_order(items)
+    items.sort(key=lambda item: order[unit_of(item.nodeid)])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -150,8 +168,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     pytest 9 its ``xdist_group`` marks no longer reach the node ids, so it groups nothing.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    # xdist's default --loadscope-reorder stays: it sends the units with the most tests first, and the
-    # weights below only break its ties. Heaviest first (reorder off) was tried and was slower: the
+    # xdist's --loadscope-reorder (most tests first) is off: the collection order is unit_order's.
+    # Heaviest first was tried and was slower: the
     # heavy multi-process units then ran side by side on both cores and each took up to twice as long
     # (a clean-clone run 1,545 s against 1,396 and 1,463 s), and one failed under that load. Tried again
     # with measured weights (2026-12-07, one run): 744 s against 699 and 712 s in the default order, and
@@ -167,6 +185,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)
 
+    config.option.loadscopereorder = False
     return UnitScheduling(config, log)
 
 
