@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -116,3 +118,29 @@ def test_embedded_broker_consumers_poll_every_tenth_of_a_second(tmp_path: Path) 
     settings = make_settings(tmp_path)
     with celery_for(settings).connection_for_read() as conn:
         assert conn.transport.polling_interval == EMBEDDED_POLL_S == 0.1
+
+
+def test_an_idle_consumer_polls_the_embedded_broker_without_its_write_lock(tmp_path: Path) -> None:
+    """An idle slot polls ten times a second: kombu's take alone opens a write transaction each time,
+    which waits behind (and holds up) every submit's. The slots' channel looks first, without a lock."""
+    from worker.celery_app import EmbeddedChannel
+
+    settings = make_settings(tmp_path)
+    queue = "idle"
+    enqueue_job("a", queue, 0, settings)
+    assert drain(settings, queue) == [(TASK_NAME, "a")]  # the file, its tables and the queue exist
+    writer = sqlite3.connect(settings.broker_url.removeprefix("sqla+sqlite:///"), isolation_level=None)
+    with celery_for(settings).connection_for_read() as conn, conn.SimpleQueue(queue) as q:
+        assert isinstance(conn.default_channel, EmbeddedChannel)
+        writer.execute("BEGIN IMMEDIATE")  # a submit in progress holds the write lock
+        started = time.monotonic()
+        with pytest.raises(q.Empty):
+            q.get(timeout=1)  # kombu's own take waits the connection's 30 s timeout here, then fails
+        assert time.monotonic() - started < 5
+        writer.execute("ROLLBACK")
+        enqueue_job("b", queue, 0, settings)
+        message = q.get(timeout=5)  # a visible message: kombu's locked take runs and hands it over
+        assert message.payload[0] == ["b"]
+        message.ack()
+    writer.close()
+    assert drain(settings, queue) == []
