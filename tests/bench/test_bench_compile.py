@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_compile.py"
 def test_bucketed_batches_repeat_shapes_pad_more_and_compute_the_same_loss(tmp_path: Path) -> None:
     out = tmp_path / "compile.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--train", "64", "--batch", "8", "--bucket", "64",
+        [sys.executable, str(SCRIPT), "--train", "32", "--batch", "4", "--bucket", "64",
          "--only", "eager,eager-bucketed", "--out", str(out)],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600, check=False,
     )  # fmt: skip
