@@ -58,14 +58,18 @@ PYTEST_RUN = $(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --durations=30
 pytest: $(STAMP) chromium
 	$(PYTEST_RUN)
 
-# mypy beside pytest, at the lowest priority: with no cache (a clean clone) it takes about a minute of
-# one core, which the suite's waits leave free.
-# Its report prints after pytest's; either failing fails the target.
-# The venv and the browser are built side by side (`-j2`): uv's unpacking and apt's download and unpack
-# each leave a core idle, and on a fresh machine they are the ~45 s before the first test.
+# The venv and the browser are built side by side: uv's unpacking and apt's download and unpack each
+# leave a core idle, and on a fresh machine they are the ~45 s before the first test. mypy starts as soon
+# as the venv is there, at the lowest priority: with no cache (a clean clone) it takes ~45 s of one core,
+# which the rest of apt's install and then the suite's waits leave free. Its report prints after
+# pytest's; either failing (or the lint, or the browser's install) fails the target.
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target lint chromium
-	@log=$$(mktemp); nice -n 19 $(BIN)/mypy > $$log 2>&1 & typing=$$!; \
+	@log=$$(mktemp); \
+	$(MAKE) --no-print-directory chromium > $$log.apt 2>&1 & browser=$$!; \
+	$(MAKE) --no-print-directory lint || { wait $$browser; cat $$log.apt; rm -f $$log $$log.apt; exit 1; }; \
+	nice -n 19 $(BIN)/mypy > $$log 2>&1 & typing=$$!; \
+	wait $$browser; installed=$$?; cat $$log.apt; rm -f $$log.apt; \
+	if [ $$installed -ne 0 ]; then wait $$typing; rm -f $$log; exit 1; fi; \
 	$(PYTEST_RUN); tests=$$?; \
 	wait $$typing; typed=$$?; echo "== mypy =="; cat $$log; rm -f $$log; \
 	test $$tests -eq 0 -a $$typed -eq 0
