@@ -169,13 +169,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     # xdist's --loadscope-reorder (most tests first) is off: the collection order is unit_order's.
-    # Heaviest first was tried and was slower: the
-    # heavy multi-process units then ran side by side on both cores and each took up to twice as long
-    # (a clean-clone run 1,545 s against 1,396 and 1,463 s), and one failed under that load. Tried again
-    # with measured weights (2026-12-07, one run): 744 s against 699 and 712 s in the default order, and
-    # 1,381 s of CPU against 1,235 (the chaos bench took 123 s beside the live-service unit, 70 s at the
-    # end). That is inside the day's run-to-run spread (744-827 s on clean clones), so it shows no gain,
-    # not a loss.
+    # Heaviest first was tried and was slower: the heavy multi-process units then ran side by side on both cores and
+    # each took up to twice as long (a clean-clone run 1,545 s against 1,396 and 1,463 s), and one failed under that
+    # load. Tried again with measured weights (2026-12-07, one run): 744 s against 699 and 712 s in the default order,
+    # and 1,381 s of CPU against 1,235 (the chaos bench took 123 s beside the live-service unit, 70 s at the end).
+    # That is inside the day's run-to-run spread (744-827 s on clean clones), so it shows no gain, not a loss.
     # Also tried (2026-12-07, not kept): a clean clone's venv has no bytecode, and the three workers each
     # compiled what collection imports (109 s of CPU against 54 warm). One worker collecting first and
     # the others from its caches saved that CPU but no time (a clean-clone run took 1,017 s against
