@@ -7,13 +7,12 @@ and enqueueing live in :mod:`service_core.queue`, shared with the API.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
 from queue import Empty
 from typing import Any
 
 from kombu import Exchange, Queue
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
-from sqlalchemy import Select, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service_core.queue import celery_for
@@ -60,23 +59,18 @@ class EmbeddedChannel(kombu_sqlalchemy.Channel):
     """
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
-        peek = self._peeks.get(queue)
-        if peek is None:
-            message, named = self.message_cls, self.queue_cls
-            peek = self._peeks[queue] = (
-                select(message.id)
-                .join(named, message.queue_id == named.id)
-                .where(named.name == queue, message.visible != False)  # noqa: E712  # kombu's own test
-                .limit(1)
-            )
+        message, named = self.message_cls, self.queue_cls
+        # Built each poll: SQLAlchemy's statement cache compiles it once per channel's tables.
+        peek = (
+            select(message.id)
+            .join(named, message.queue_id == named.id)
+            .where(named.name == queue, message.visible != False)  # noqa: E712  # kombu's own test
+            .limit(1)
+        )
         with self.session.bind.connect() as connection:
             if connection.execute(peek).first() is None:
                 raise Empty()
         return super()._get(queue)
-
-    @cached_property
-    def _peeks(self) -> dict[str, Select[Any]]:
-        return {}
 
 
 kombu_sqlalchemy.Transport.polling_interval = EMBEDDED_POLL_S
