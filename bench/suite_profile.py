@@ -11,7 +11,8 @@ make it do less. This says what does the work:
   fork, API processes, Celery slots, Chromium, CLI calls...;
 - CPU of the processes each test module started: a process is charged to the test that was running,
   when it was first seen, on the xdist worker it descends from (a plugin this script loads logs which
-  test runs where).
+  test runs where). Processes the suite's service parent forked (worker/service_parent.py) descend from
+  it, not from a test, and are charged to none.
 
 Every ``--interval`` seconds it reads each process's ``/proc/PID/stat`` (worker/procfs.py); a process's
 CPU is its last reading (user + system, children not included), so a process that lives less than an
@@ -49,6 +50,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 KINDS: tuple[tuple[str, str], ...] = (
     ("xdist worker (in-process tests)", r"exec\(eval\(sys\.stdin"),  # execnet's bootstrap
     ("worker zygote", r"worker\.zygote"),
+    ("service parent and its keepers", r"worker\.service_parent"),
     ("MLflow", r"mlflow"),
     ("API process", r"trainjobs(\.cli)? serve|api\.main:create_app|trainjobs\.serving"),
     ("Celery slot", r"celery"),

@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     # Testing aid: the socket of a `python -m worker.zygote --parent PATH` that forks each slot's zygote
     # ready-imported, instead of every slot importing its own (the suite starts ~40 workers).
     zygote_parent: str | None = Field(default=None, validation_alias="TRAINJOBS_ZYGOTE_PARENT")
+    # Testing aid: the socket of a `python -m worker.service_parent PATH` that forks API processes, workers
+    # and slots ready-imported. Read from the environment where a process starts another
+    # (worker/processes.py:spawn_child has no settings); here for the table of settings.
+    service_parent: str | None = Field(default=None, validation_alias="TRAINJOBS_SERVICE_PARENT")
     # Open event streams (GET /v1/jobs/{id}/events) per owner and in all, per API process; beyond: 429.
     max_streams_per_owner: int = Field(default=16, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS_PER_OWNER")
     max_streams: int = Field(default=256, ge=1, validation_alias="TRAINJOBS_MAX_STREAMS")

@@ -37,14 +37,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
 os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{tempfile.gettempdir()}/torchinductor_{getpass.getuser()}")
+# TRL warns once per process that its experimental trainers may change (tests/trainer_core compares
+# against them). Set here, not in that module: the suite's service parent (worker/service_parent.py),
+# started before any test module is imported, forks only processes whose environment is its own.
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import pytest
 
 from tests.mlflow_server import MlflowServer, start_mlflow_server
 from tests.shared_servers import (
     ZYGOTE_PARENT_ENV,
-    await_zygote_parent,
+    await_parents,
     claim_folder,
+    share_service_parent,
     share_zygote_parent,
     shared_server,
     stop_servers,
@@ -155,12 +160,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Collection imported torch, transformers and every test module: objects that live as long as this
     process. Frozen, the collector's full collections during the tests no longer walk them. Then, in an
-    xdist worker, before its first test starts a worker slot, the zygote parent has imported too
-    (tests/shared_servers.py): a slot started sooner would import a zygote of its own. A serial run (a few
+    xdist worker, before its first test starts a worker slot, the zygote and service parents have imported
+    too (tests/shared_servers.py): a slot started sooner would import a zygote of its own. A serial run (a few
     tests, often none with a slot) does not wait."""
     gc.freeze()
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        await_zygote_parent()
+        await_parents()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -228,6 +233,7 @@ def warm_runs() -> Iterator[forkserver.ForkServer]:
 def pytest_configure(config: pytest.Config) -> None:
     claim_folder()  # the servers below: one of each per run, however many xdist workers ask
     share_zygote_parent()
+    share_service_parent()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -32,7 +32,7 @@ from service_core.datastore import DataStore
 from service_core.migrations import apply_migrations
 from service_core.settings import Settings
 from trainjobs.seaweedfs import SeaweedFS
-from worker.processes import interrupted, on_stop_signals, spawn_child, wait_children
+from worker.processes import ChildProcess, interrupted, on_stop_signals, spawn_child, wait_children
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 EXAMPLE_HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -156,19 +156,19 @@ class DevLauncher:
     ):
         self.settings = settings
         self.host, self.port, self.example, self.s3 = host, port, example, s3
-        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.children: list[tuple[str, ChildProcess]] = []
         self.store: SeaweedFS | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> ChildProcess:
         process = spawn_child([sys.executable, "-m", "trainjobs.cli", *args], env)
         self.children.append((name, process))
         return process
 
-    def _wait_ready(self, api: subprocess.Popen[bytes], timeout: float = 60.0) -> bool:
+    def _wait_ready(self, api: ChildProcess, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and api.poll() is None:
             if interrupted():  # a Ctrl-C whose KeyboardInterrupt was lost (worker.processes says where)

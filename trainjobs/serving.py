@@ -21,12 +21,11 @@ import argparse
 import logging
 import signal
 import socket
-import subprocess
 import sys
 import time
 from types import FrameType
 
-from worker.processes import on_stop_signals, spawn_child, stop_processes
+from worker.processes import ChildProcess, on_stop_signals, spawn_child, stop_processes
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ def serve_api_processes(host: str, port: int, processes: int, *, access_log: boo
     previous = on_stop_signals(on_signal)
     command = child_command(host, port, access_log=access_log)
 
-    def start() -> tuple[subprocess.Popen[bytes], float]:
+    def start() -> tuple[ChildProcess, float]:
         return spawn_child(command), time.monotonic()
 
     status = 0

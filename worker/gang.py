@@ -56,7 +56,7 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.launch import OTHER_NODE, Rendezvous
 from worker.outcome import RunOutcome
-from worker.paths import host_name
+from worker.paths import host_name, worker_of_slot
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def slot_name() -> str:
 def this_member(settings: Settings) -> Member:
     host = host_name()
     address = advertise_address(settings)
-    return Member(slot=slot_name(), worker=f"{host}-{os.getppid()}", host=host, pid=os.getpid(),
+    return Member(slot=slot_name(), worker=worker_of_slot(), host=host, pid=os.getpid(),
                   address=address, port=free_port(address, settings.rendezvous_ports))  # fmt: skip
 
 

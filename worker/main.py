@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -27,8 +26,8 @@ from sqlalchemy import make_url
 
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
-from worker.paths import host_name
-from worker.processes import on_stop_signals, spawn_child, stop_processes
+from worker.paths import WORKER_NAME_ENV, host_name
+from worker.processes import ChildProcess, on_stop_signals, spawn_child, stop_processes
 from worker.sweeper import Sweeper, sweep
 from worker.webhook_sender import WebhookSender
 
@@ -74,7 +73,7 @@ def slot_database_url(settings: Settings) -> str:
 
 def start_slots(
     queues: Sequence[str], gpus: Sequence[str] | None, settings: Settings, loglevel: str = "INFO"
-) -> list[subprocess.Popen[bytes]]:
+) -> list[ChildProcess]:
     """Start one slot per GPU (``gpus``), or a single slot when there are none."""
     # Before the slots: they would race to create the queues on a fresh embedded broker.
     declare_queues(queues, settings)
@@ -82,6 +81,7 @@ def start_slots(
     # Only what `settings` says: a variable of this process that it overrides with None must go.
     base_env = {k: v for k, v in os.environ.items() if k not in aliases}
     base_env.update(settings_env(settings))
+    base_env[WORKER_NAME_ENV] = f"{host_name()}-{os.getpid()}"
     if slot_database_url(settings) != settings.database_url:
         base_env["DATABASE_URL"] = slot_database_url(settings)
     procs = []
@@ -95,7 +95,7 @@ def start_slots(
     return procs
 
 
-def stop_slots(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:
+def stop_slots(procs: Sequence[ChildProcess], timeout_s: float) -> None:
     """Warm-shut every slot down (SIGTERM), then kill whatever is still there after ``timeout_s``."""
     stop_processes(procs, timeout_s, "worker slot")
 
@@ -129,9 +129,10 @@ def run_worker(
             signal.signal(sig, handler)
         return 0
     procs = start_slots(queues, gpus, settings, loglevel)
-    sweeper = Sweeper(settings, queues, f"{host_name()}-{os.getpid()}")
+    name = f"{host_name()}-{os.getpid()}"
+    sweeper = Sweeper(settings, queues, name)
     sweeper.slot_pids = [p.pid for p in procs]
-    sender = WebhookSender(settings, f"{host_name()}-{os.getpid()}").start()
+    sender = WebhookSender(settings, name).start()
     try:
         while not stopping and all(p.poll() is None for p in procs):
             sweeper.tick(time.monotonic())

@@ -6,6 +6,7 @@ of the two imports the other to find them.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,16 @@ def host_name() -> str:
     """How a job records which machine runs it (in the job row's ``worker`` column; recovery compares
     it with its own host)."""
     return socket.gethostname()
+
+
+# A worker names itself ``host-pid`` (its main process's pid) and passes the name to its slots here: a
+# slot's parent process need not be its worker (the suite forks slots elsewhere: worker/service_parent.py).
+WORKER_NAME_ENV = "TRAINJOBS_WORKER_NAME"
+
+
+def worker_of_slot() -> str:
+    """In a slot, its worker's name: the one its worker passed, else its parent process's ``host-pid``."""
+    return os.environ.get(WORKER_NAME_ENV) or f"{host_name()}-{os.getppid()}"
 
 
 def is_local_root(root: str) -> bool:

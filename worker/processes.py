@@ -17,6 +17,9 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import Protocol
+
+from worker.service_parent import forked
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,20 @@ def interrupted() -> bool:
     return bool(_interrupted)
 
 
-def wait_children(children: Sequence[subprocess.Popen[bytes]], poll_s: float = 0.5) -> None:
+class ChildProcess(Protocol):
+    """What a parent needs of a child: ``subprocess.Popen`` and worker.service_parent's ForkedProcess both."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+def wait_children(children: Sequence[ChildProcess], poll_s: float = 0.5) -> None:
     """Wait until one of ``children`` exits; KeyboardInterrupt when a stop signal came, also one whose
     own KeyboardInterrupt was lost."""
     while all(child.poll() is None for child in children):
@@ -86,15 +102,20 @@ def _dies_with(parent_pid: int) -> Callable[[], None]:
     return lambda: die_with_parent(parent_pid)
 
 
-def spawn_child(command: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn_child(command: Sequence[str], env: Mapping[str, str] | None = None) -> ChildProcess:
     """Start ``command`` in a session of its own, to be SIGTERMed when this process dies.
 
-    The death signal follows the thread that forks, so call this from the parent's main thread.
+    The death signal follows the thread that forks, so call this from the parent's main thread. Where
+    the environment names a service parent (a testing aid: worker/service_parent.py), it forks the
+    process instead, already imported.
     """
+    child = forked(command, os.environ if env is None else env, die_with_parent=True)
+    if child is not None:
+        return child
     return subprocess.Popen(list(command), env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
 
 
-def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float, what: str) -> None:
+def stop_processes(procs: Sequence[ChildProcess], timeout_s: float, what: str) -> None:
     """SIGTERM every process in ``procs``, wait up to ``timeout_s`` in all, then kill the rest's groups."""
     for proc in procs:
         if proc.poll() is None:

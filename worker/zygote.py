@@ -163,18 +163,18 @@ def refusal(hello: dict[str, Any], peer_pid: int, env: dict[str, str]) -> str | 
     if hello.get("executable") != sys.executable:
         return f"another interpreter ({hello.get('executable')})"
     folder = str(hello.get("cwd"))
-    if folder != sys.path[0] and (why := _imports_otherwise_in(folder)):  # `python -m` puts it first on sys.path
+    if folder != sys.path[0] and (why := imports_otherwise_in(folder)):  # `python -m` puts it first on sys.path
         return f"another folder ({folder}: {why})"
     theirs: dict[str, str] = hello.get("env") or {}
     if theirs != env:  # the names alone: a token's value is nobody's business in a log
         names = sorted(name for name in env.keys() | theirs.keys() if env.get(name) != theirs.get(name))
         return f"another run environment ({', '.join(names)})"
-    if _namespace(peer_pid, "pid") != _namespace(os.getpid(), "pid"):
+    if namespace(peer_pid, "pid") != namespace(os.getpid(), "pid"):
         return "another pid namespace"  # joined only by children: the zygote itself could not be in it
     return None
 
 
-def _imports_otherwise_in(folder: str) -> str | None:
+def imports_otherwise_in(folder: str) -> str | None:
     """Why a zygote started in ``folder`` (first on its sys.path, where this process has its own) might
     import otherwise than this one, or None: ``folder`` holds modules, which could shadow others, or this
     process took modules from its own folder that the rest of the path would not give (say, a checkout
@@ -224,7 +224,7 @@ def _origin(name: str, path: list[str]) -> str | None:
     return None
 
 
-def _namespace(pid: int, space: str) -> str | None:
+def namespace(pid: int, space: str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/{space}")
     except OSError:
@@ -238,10 +238,10 @@ def enter_namespaces(peer_pid: int) -> str | None:
     libc = ctypes.CDLL(None, use_errno=True)
     cwd = os.getcwd()
     for space in JOINED_NAMESPACES:
-        theirs = _namespace(peer_pid, space)
+        theirs = namespace(peer_pid, space)
         if theirs is None:
             return f"the slot's {space} namespace is unreadable"
-        if theirs == _namespace(os.getpid(), space):
+        if theirs == namespace(os.getpid(), space):
             continue
         fd = os.open(f"/proc/{peer_pid}/ns/{space}", os.O_RDONLY)
         try:
@@ -249,7 +249,7 @@ def enter_namespaces(peer_pid: int) -> str | None:
                 return f"cannot join the slot's {space} namespace: {os.strerror(ctypes.get_errno())}"
         finally:
             os.close(fd)
-        if _namespace(os.getpid(), space) != theirs:
+        if namespace(os.getpid(), space) != theirs:
             return f"joined another {space} namespace than the slot's"
     os.chdir(cwd)  # joining a mount namespace moves the working directory to its root
     return None

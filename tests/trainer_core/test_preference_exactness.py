@@ -6,7 +6,6 @@ with a reference model of the same weights as ours. A variant whose labels count
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from trainer_core.modeling import config_from_dict
 from trainer_core.preference import PreferenceOutput, policy_logps, preference_loss
 from trainer_core.spec_preference import REWARD_METRICS, PreferenceSpec
 
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 BETA = 0.2
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.worker.live import free_port, processes_mentioning
+from tests.worker.live import free_port, processes_mentioning, start_process
 from trainjobs.client import Client
+from worker.processes import ChildProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,19 +52,18 @@ class LiveService:
         }
         for name in ("DATABASE_URL", "BROKER_URL", "ARTIFACTS_ROOT", "DATA_ROOT", "TRAINJOBS_ENV"):
             self.env.pop(name, None)
-        self.api: subprocess.Popen[bytes] | None = None
-        self.worker: subprocess.Popen[bytes] | None = None
+        self.api: ChildProcess | None = None
+        self.worker: ChildProcess | None = None
         self.logs = home / "logs"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _popen(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _popen(self, name: str, argv: list[str]) -> ChildProcess:
         self.logs.mkdir(parents=True, exist_ok=True)
-        log = (self.logs / f"{name}.log").open("ab")
-        return subprocess.Popen(argv, env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        with (self.logs / f"{name}.log").open("ab") as log:
+            return start_process(argv, self.env, log, cwd=REPO)
 
     def migrate(self) -> None:
         subprocess.run(trainjobs_argv(MIGRATE_ARGS), env=self.env, cwd=REPO, check=True, capture_output=True)

@@ -29,7 +29,7 @@ from tests.trainjobs.live import LiveService, free_port, trainjobs_argv
 from tests.trainjobs.test_readme_fresh_clone import processes_in
 from tests.trainjobs.test_serving import wait_until
 from trainjobs.client import Client
-from worker.procfs import all_processes, is_alive
+from worker.procfs import all_processes, cmdline, is_alive
 
 pytestmark = pytest.mark.slow
 KEY = "tj_known-key-from-the-environment"
@@ -126,9 +126,14 @@ def test_serve_and_worker_stop_cleanly_on_stop_signals_whatever_they_inherited(t
             service.start()
         assert service.api is not None and service.worker is not None
         worker = service.worker.pid
-        # Its slot started: the worker is past its own start (no need to wait for the slot's imports).
-        wait_until(lambda: any(p.ppid == worker for p in all_processes()), 60, "the worker's slot")
-        slots = [p.pid for p in all_processes() if p.ppid == worker]
+        # Its slot started: the worker is past its own start (no need to wait for the slot's imports). A
+        # slot is known by the name it has of its worker (worker/main.py:slot_command), not as its child:
+        # the suite's service parent forks it (worker/service_parent.py).
+        def slots_of_worker() -> list[int]:
+            return [p.pid for p in all_processes() if f"-{worker}@%h".encode() in cmdline(p.pid)]
+
+        wait_until(slots_of_worker, 60, "the worker's slot")
+        slots = slots_of_worker()
         for process in (service.worker, service.api):
             interrupt(process, timeout=30)
         assert not any(map(is_alive, slots)), "a slot outlived its worker"
@@ -160,10 +165,13 @@ def test_dev_s3_runs_the_service_on_its_own_seaweedfs_and_stops_it(tmp_path: Pat
                                   client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})  # fmt: skip
         store.pipe("trainjobs/artifacts/probe.txt", b"served")
         assert store.cat("trainjobs/artifacts/probe.txt") == b"served"
-        # The API and the worker it started run on that store, with its keys.
-        children = [p for p in psutil.Process(dev.pid).children() if "trainjobs.cli" in p.cmdline()]
-        assert sorted(p.cmdline()[3] for p in children) == ["serve", "worker"]
-        for env in (p.environ() for p in children):
+        # The API and the worker it started run on that store, with its keys (found by their home: the
+        # suite's service parent, not the launcher, is their parent: worker/service_parent.py).
+        children = [p.info for p in psutil.process_iter(["pid", "cmdline", "environ"])
+                    if "trainjobs.cli" in (p.info["cmdline"] or []) and p.info["pid"] != dev.pid
+                    and (p.info["environ"] or {}).get("TRAINJOBS_HOME") == str(home)]  # fmt: skip
+        assert sorted(p["cmdline"][3] for p in children) == ["serve", "worker"]
+        for env in (p["environ"] for p in children):
             assert (env["ARTIFACTS_ROOT"], env["DATA_ROOT"]) == ("s3://trainjobs/artifacts", "s3://trainjobs/data")
             assert (env["AWS_ENDPOINT_URL"], env["AWS_ACCESS_KEY_ID"]) == (endpoint, keys["accessKey"])
             assert env["AWS_SECRET_ACCESS_KEY"] == keys["secretKey"]

@@ -22,23 +22,28 @@ from tests.trainjobs.sockets import accepted_nodelay
 from tests.worker.live import free_port
 from trainjobs.serving import FAST_EXIT_S, MAX_QUICK_DEATHS, reuse_port_socket, serve_api_processes
 from worker.procfs import children_of, is_alive
+from worker.service_parent import PARENT_ENV as SERVICE_PARENT_ENV
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
 
 
-def serve_env(home: Path) -> dict[str, str]:
+def serve_env(home: Path, own_children: bool = False) -> dict[str, str]:
     """The environment of a ``trainjobs serve`` on ``home``, whose database is migrated first (serve
-    refuses one that is not)."""
+    refuses one that is not). ``own_children``: its API processes are its own children, not forked by
+    the suite's service parent (worker/service_parent.py), whose keepers would be their parents."""
     apply_migrations(f"sqlite:///{home / 'trainjobs.db'}")
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "BROKER_URL", "TRAINJOBS_ENV"}}
+    dropped = {"DATABASE_URL", "BROKER_URL", "TRAINJOBS_ENV"} | ({SERVICE_PARENT_ENV} if own_children else set())
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     return {**env, "TRAINJOBS_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def start_serve(tmp_path: Path, port: int, *extra: str, output: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+def start_serve(
+    tmp_path: Path, port: int, *extra: str, output: IO[bytes] | None = None, own_children: bool = False
+) -> subprocess.Popen[bytes]:
     """``trainjobs serve --api-processes 2`` on ``port``, in a session of its own; output to ``output`` or nowhere."""
     return subprocess.Popen(
         trainjobs_argv(["serve", "--host", "127.0.0.1", "--port", str(port), "--api-processes", "2", *extra]),
-        env=serve_env(tmp_path), cwd=REPO, stdout=output or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        env=serve_env(tmp_path, own_children), cwd=REPO, stdout=output or subprocess.DEVNULL, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
 
@@ -125,7 +130,7 @@ def test_api_processes_die_with_a_killed_parent(tmp_path: Path) -> None:
 
 def test_a_crash_loop_stops_serve_with_status_1(tmp_path: Path) -> None:
     port = free_port()
-    parent = start_serve(tmp_path, port)
+    parent = start_serve(tmp_path, port, own_children=True)  # found below as serve's children
     try:
         wait_until(lambda: len(set(socket_owners(port, "listening"))) == 2, 90, "two listeners")
         # The first process has run since serve started: its death counts as quick only when it

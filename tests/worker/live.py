@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -23,11 +23,21 @@ from service_core.keys import create_api_key
 from service_core.settings import Settings
 from trainjobs.seaweedfs import free_port
 from trainjobs.sse import iter_events
-from worker.processes import stop_processes
+from worker.processes import ChildProcess, stop_processes
 from worker.procfs import processes_mentioning
+from worker.service_parent import forked
 
 
-def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def start_process(argv: list[str], env: dict[str, str], log: IO[bytes], cwd: Path | None = None) -> ChildProcess:
+    """``argv`` in a session of its own, its output to ``log``: forked by the suite's service parent
+    (worker/service_parent.py, a testing aid) when ``env`` names one and it agrees, else a new interpreter."""
+    child = forked(argv, env, cwd=None if cwd is None else str(cwd), stdout=log.fileno(), stderr=log.fileno())
+    if child is not None:
+        return child
+    return subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: ChildProcess, timeout: float) -> None:
     """SIGTERM, then SIGKILL to its process group after ``timeout`` (as the worker stops its slots)."""
     stop_processes([proc], timeout, "test service process")
 
@@ -39,10 +49,10 @@ class LiveService:
     settings: Settings
     queue: str
     log_dir: Path
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    workers: list[ChildProcess] = field(default_factory=list)
 
     @property
-    def worker(self) -> subprocess.Popen[bytes]:
+    def worker(self) -> ChildProcess:
         return self.workers[0]
 
     def client(self, **kwargs: Any) -> httpx.Client:
@@ -58,14 +68,12 @@ def service_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def start_worker(service: LiveService) -> subprocess.Popen[bytes]:
+def start_worker(service: LiveService) -> ChildProcess:
     """Start a worker (``python -m worker.main``) on the service's settings and queue; it is stopped
     with the service."""
     with (service.log_dir / "worker.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.main", "--queues", service.queue],
-            env=service_env(service.settings), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        argv = [sys.executable, "-m", "worker.main", "--queues", service.queue]
+        proc = start_process(argv, service_env(service.settings), log)
     service.workers.append(proc)
     return proc
 
@@ -81,10 +89,9 @@ def live_service(settings: Settings, queue: str, log_dir: Path) -> Iterator[Live
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     api_log = (log_dir / "api.log").open("wb")
-    api = subprocess.Popen(
+    api = start_process(
         [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        env=env, stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True,
+         "--port", str(port), "--log-level", "warning"], env, api_log,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     service = LiveService(url=url, api_key=api_key, settings=settings, queue=queue, log_dir=log_dir)

@@ -18,7 +18,7 @@ from service_core.db import Job, MetricPoint
 from service_core.db.session import session_scope
 from service_core.settings import Settings
 from tests.fleet.netns import netns_unavailable
-from tests.shared_servers import await_zygote_parent
+from tests.shared_servers import await_parents
 from worker import forkserver
 from worker.execute import execute_job
 from worker.forkserver import (
@@ -232,7 +232,7 @@ def test_the_fork_server_ends_with_its_slot(tmp_path: Path) -> None:
 @pytest.fixture
 def zygote_parent() -> str:
     """The suite's zygote parent's socket, once it listens."""
-    path = await_zygote_parent()
+    path = await_parents()
     assert path is not None and Path(path).exists(), f"no zygote parent listening at {path}"
     return path
 
