@@ -435,6 +435,7 @@ def _run_module(module: str, args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from trainer_core.preimport import preimport, unsafe_to_fork
+    from worker.zygote import listen_at
 
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the processes, not this
@@ -447,10 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     if unsafe is not None:
         print(f"worker.service_parent: cannot fork: {unsafe}", file=sys.stderr)
         return 1
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(args[0])  # only once imported: a requester that finds no socket starts its own
-    listener.listen(64)
-    serve(listener, env)
+    serve(listen_at(args[0]), env)
     return 0
 
 

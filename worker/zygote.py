@@ -303,6 +303,15 @@ def _fork_zygote(listener: socket.socket, conn: socket.socket, env: dict[str, st
     zygotes.add(pid)
 
 
+def listen_at(path: str) -> socket.socket:
+    """A parent's listening socket at ``path``, made only once it has imported: who finds no socket there
+    (the parent still importing, or gone) starts its own process instead of waiting."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    return listener
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the slot's to handle
@@ -312,10 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         if unsafe is not None:
             print(f"worker.zygote: cannot fork zygotes: {unsafe}", file=sys.stderr)
             return 1
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(args[1])  # only once imported: a slot that finds no socket imports its own
-        listener.listen(64)
-        serve_slots(listener, env)
+        serve_slots(listen_at(args[1]), env)
         return 0
     sock = socket.socket(fileno=int(args[0]))
     unsafe = preimport()
