@@ -30,8 +30,9 @@ from bench.chaos_proxy import TcpProxy
 from service_core.db import Base
 from service_core.db.session import get_engine
 from service_core.settings import Settings
-from worker.processes import stop_processes
+from worker.processes import ChildProcess, stop_processes
 from worker.procfs import all_processes, environ, processes_mentioning
+from worker.service_parent import forked
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -106,14 +107,15 @@ class Service:
         self.db_name: str | None = None
         self.proxy: TcpProxy | None = None
         self.redis: RedisServer | None = None
-        self.api: subprocess.Popen[bytes] | None = None
-        self.workers: list[subprocess.Popen[bytes]] = []
+        self.api: ChildProcess | None = None
+        self.workers: list[ChildProcess] = []
         self.port = free_port()
         self.last_body = ""  # of the last answer to `answers`, for a report of an unexpected one
         self.queue = f"chaos-{self.tag}"
         env = {"TRAINJOBS_HOME": str(self.home), "TRAINJOBS_CANCEL_GRACE_SECONDS": str(GRACE_S), **(extra_env or {})}
-        if parent := os.environ.get("TRAINJOBS_ZYGOTE_PARENT"):  # run by the suite: its slots' zygotes fork there
-            env["TRAINJOBS_ZYGOTE_PARENT"] = parent
+        for aid in ("TRAINJOBS_ZYGOTE_PARENT", "TRAINJOBS_SERVICE_PARENT"):  # run by the suite: its parents fork
+            if parent := os.environ.get(aid):  # slots' zygotes, and API processes, workers and slots
+                env[aid] = parent
         observer: str | None = None
         if shape == "production":
             self.db_name = f"trainjobs_chaos_{self.tag}"
@@ -138,8 +140,13 @@ class Service:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str]) -> ChildProcess:
+        """``argv`` in a session of its own: forked ready-imported where the suite's service parent runs
+        this (worker/service_parent.py), else a new interpreter."""
         with (self.home / "logs" / f"{name}.log").open("ab") as log:
+            child = forked(argv, self.env, cwd=str(REPO), stdout=log.fileno(), stderr=log.fileno())
+            if child is not None:
+                return child
             return subprocess.Popen(argv, env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
 
@@ -167,7 +174,7 @@ class Service:
             self.api.wait()
             self.api = None
 
-    def start_worker(self, queues: str | None = None, wait: bool = True) -> subprocess.Popen[bytes]:
+    def start_worker(self, queues: str | None = None, wait: bool = True) -> ChildProcess:
         """``python -m worker.main``; with ``wait``, until its slot logged that it is ready."""
         log = self.home / "logs" / f"worker{len(self.workers)}.log"
         proc = self._spawn(log.stem, [sys.executable, "-m", "worker.main", "--queues", queues or self.queue])
@@ -187,7 +194,7 @@ class Service:
                 wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 600,  # noqa: B023
                          "a worker slot to be ready", 0.3)  # fmt: skip
 
-    def live_workers(self) -> list[subprocess.Popen[bytes]]:
+    def live_workers(self) -> list[ChildProcess]:
         return [w for w in self.workers if w.poll() is None]
 
     def answers(self, path: str) -> int:
