@@ -30,9 +30,8 @@ from bench.chaos_proxy import TcpProxy
 from service_core.db import Base
 from service_core.db.session import get_engine
 from service_core.settings import Settings
-from worker.processes import ChildProcess, stop_processes
+from worker.processes import ChildProcess, start_detached, stop_processes
 from worker.procfs import all_processes, environ, processes_mentioning
-from worker.service_parent import forked
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -144,11 +143,7 @@ class Service:
         """``argv`` in a session of its own: forked ready-imported where the suite's service parent runs
         this (worker/service_parent.py), else a new interpreter."""
         with (self.home / "logs" / f"{name}.log").open("ab") as log:
-            child = forked(argv, self.env, cwd=str(REPO), stdout=log.fileno(), stderr=log.fileno())
-            if child is not None:
-                return child
-            return subprocess.Popen(argv, env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # fmt: skip
+            return start_detached(argv, self.env, log, cwd=str(REPO))
 
     def start_api(self) -> None:
         """``trainjobs serve`` (the production command), waited for until it answers."""

@@ -86,7 +86,7 @@ def share_service_parent() -> None:
     """Start the run's service parent (``python -m worker.service_parent``, a testing aid) and name its
     socket in ``TRAINJOBS_SERVICE_PARENT`` (call from pytest_configure, after :func:`claim_folder`).
 
-    The API processes, workers and slots the tests start (tests/worker/live.py:start_process, and
+    The API processes, workers and slots the tests start (worker/processes.py:start_detached, and
     worker/processes.py:spawn_child inside services) are then forked from it, imported, where their
     interpreter, folder and environment allow it (worker/service_parent.py says when); about 4 s of CPU
     saved per API process, 1 s per worker or slot. Its environment is this process's."""

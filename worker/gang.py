@@ -56,7 +56,7 @@ from service_core.settings import Settings
 from service_core.status import ErrorReason, JobStatus
 from trainer_core.launch import OTHER_NODE, Rendezvous
 from worker.outcome import RunOutcome
-from worker.paths import host_name, worker_of_slot
+from worker.paths import host_name, process_name, worker_of_slot
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def run_env(gang: Gang) -> dict[str, str]:
 
 def slot_name() -> str:
     """This slot's name in ``job_nodes``: its host and pid."""
-    return f"{host_name()}-{os.getpid()}"
+    return process_name()
 
 
 def this_member(settings: Settings) -> Member:

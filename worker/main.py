@@ -26,7 +26,7 @@ from sqlalchemy import make_url
 
 from service_core.settings import Settings, get_settings
 from worker.celery_app import declare_queues
-from worker.paths import WORKER_NAME_ENV, host_name
+from worker.paths import WORKER_NAME_ENV, process_name
 from worker.processes import ChildProcess, on_stop_signals, spawn_child, stop_processes
 from worker.sweeper import Sweeper, sweep
 from worker.webhook_sender import WebhookSender
@@ -81,7 +81,7 @@ def start_slots(
     # Only what `settings` says: a variable of this process that it overrides with None must go.
     base_env = {k: v for k, v in os.environ.items() if k not in aliases}
     base_env.update(settings_env(settings))
-    base_env[WORKER_NAME_ENV] = f"{host_name()}-{os.getpid()}"
+    base_env[WORKER_NAME_ENV] = process_name()
     if slot_database_url(settings) != settings.database_url:
         base_env["DATABASE_URL"] = slot_database_url(settings)
     procs = []
@@ -129,7 +129,7 @@ def run_worker(
             signal.signal(sig, handler)
         return 0
     procs = start_slots(queues, gpus, settings, loglevel)
-    name = f"{host_name()}-{os.getpid()}"
+    name = process_name()
     sweeper = Sweeper(settings, queues, name)
     sweeper.slot_pids = [p.pid for p in procs]
     sender = WebhookSender(settings, name).start()

@@ -50,8 +50,13 @@ def host_name() -> str:
     return socket.gethostname()
 
 
-# A worker names itself ``host-pid`` (its main process's pid) and passes the name to its slots here: a
-# slot's parent process need not be its worker (the suite forks slots elsewhere: worker/service_parent.py).
+def process_name() -> str:
+    """This process's ``host-pid``: a worker's name in its main process, a slot's in the slot."""
+    return f"{host_name()}-{os.getpid()}"
+
+
+# A worker passes its name (:func:`process_name` in its main process) to its slots here: a slot's parent
+# process need not be its worker (the suite forks slots elsewhere: worker/service_parent.py).
 WORKER_NAME_ENV = "TRAINJOBS_WORKER_NAME"
 
 

@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Protocol
+from typing import IO, Protocol
 
 from worker.service_parent import forked
 
@@ -113,6 +113,19 @@ def spawn_child(command: Sequence[str], env: Mapping[str, str] | None = None) ->
     if child is not None:
         return child
     return subprocess.Popen(list(command), env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
+
+
+def start_detached(
+    command: Sequence[str], env: Mapping[str, str], log: IO[bytes], cwd: str | None = None
+) -> ChildProcess:
+    """Start ``command`` in a session of its own, its stdout and stderr to ``log``, to outlive this process
+    (a test's or a bench's service): forked by a service parent where the environment names one (a
+    testing aid: worker/service_parent.py), else a new interpreter."""
+    child = forked(command, env, cwd=cwd, stdout=log.fileno(), stderr=log.fileno())
+    if child is not None:
+        return child
+    return subprocess.Popen(list(command), env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
 
 
 def stop_processes(procs: Sequence[ChildProcess], timeout_s: float, what: str) -> None:

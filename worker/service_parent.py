@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from worker.procfs import proc_stat
+from worker.zygote import imports_otherwise_in, listen_at, namespace
 
 PARENT_ENV = "TRAINJOBS_SERVICE_PARENT"  # the setting (service_core/settings.py): the parent's socket
 MAX_MESSAGE = 1 << 20  # a request: argv, environment, cwd
@@ -199,8 +200,6 @@ def forked(
 
 def refusal(request: dict[str, Any], peer_pid: int, uid: int, env: dict[str, str]) -> str | None:
     """Why a process forked here for ``request`` would differ from the one ``python`` would start, or None."""
-    from worker.zygote import imports_otherwise_in, namespace
-
     argv = request.get("argv") or []
     if uid != os.getuid():
         return "another user"
@@ -435,7 +434,6 @@ def _run_module(module: str, args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from trainer_core.preimport import preimport, unsafe_to_fork
-    from worker.zygote import listen_at
 
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the processes, not this

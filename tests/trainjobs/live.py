@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.worker.live import free_port, processes_mentioning, start_process
+from tests.worker.live import free_port, processes_mentioning
 from trainjobs.client import Client
-from worker.processes import ChildProcess
+from worker.processes import ChildProcess, start_detached
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ class LiveService:
     def _popen(self, name: str, argv: list[str]) -> ChildProcess:
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / f"{name}.log").open("ab") as log:
-            return start_process(argv, self.env, log, cwd=REPO)
+            return start_detached(argv, self.env, log, cwd=str(REPO))
 
     def migrate(self) -> None:
         subprocess.run(trainjobs_argv(MIGRATE_ARGS), env=self.env, cwd=REPO, check=True, capture_output=True)

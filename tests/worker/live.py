@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
@@ -23,18 +22,8 @@ from service_core.keys import create_api_key
 from service_core.settings import Settings
 from trainjobs.seaweedfs import free_port
 from trainjobs.sse import iter_events
-from worker.processes import ChildProcess, stop_processes
+from worker.processes import ChildProcess, start_detached, stop_processes
 from worker.procfs import processes_mentioning
-from worker.service_parent import forked
-
-
-def start_process(argv: list[str], env: dict[str, str], log: IO[bytes], cwd: Path | None = None) -> ChildProcess:
-    """``argv`` in a session of its own, its output to ``log``: forked by the suite's service parent
-    (worker/service_parent.py, a testing aid) when ``env`` names one and it agrees, else a new interpreter."""
-    child = forked(argv, env, cwd=None if cwd is None else str(cwd), stdout=log.fileno(), stderr=log.fileno())
-    if child is not None:
-        return child
-    return subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop(proc: ChildProcess, timeout: float) -> None:
@@ -73,7 +62,7 @@ def start_worker(service: LiveService) -> ChildProcess:
     with the service."""
     with (service.log_dir / "worker.log").open("ab") as log:
         argv = [sys.executable, "-m", "worker.main", "--queues", service.queue]
-        proc = start_process(argv, service_env(service.settings), log)
+        proc = start_detached(argv, service_env(service.settings), log)
     service.workers.append(proc)
     return proc
 
@@ -89,7 +78,7 @@ def live_service(settings: Settings, queue: str, log_dir: Path) -> Iterator[Live
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     api_log = (log_dir / "api.log").open("wb")
-    api = start_process(
+    api = start_detached(
         [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"], env, api_log,
     )  # fmt: skip
