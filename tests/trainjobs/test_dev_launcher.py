@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from tests.trainjobs.live import LiveService, free_port, trainjobs_argv
 from tests.trainjobs.test_readme_fresh_clone import processes_in
 from tests.trainjobs.test_serving import wait_until
 from trainjobs.client import Client
-from worker.procfs import all_processes, cmdline, is_alive
+from worker.paths import WORKER_NAME_ENV
+from worker.procfs import all_processes, cmdline, environ, is_alive
 
 pytestmark = pytest.mark.slow
 KEY = "tj_known-key-from-the-environment"
@@ -134,6 +136,8 @@ def test_serve_and_worker_stop_cleanly_on_stop_signals_whatever_they_inherited(t
 
         wait_until(slots_of_worker, 60, "the worker's slot")
         slots = slots_of_worker()
+        # And a slot knows its worker by the name the worker passes it (a gang's member records it).
+        assert {environ(slot).get(WORKER_NAME_ENV) for slot in slots} == {f"{socket.gethostname()}-{worker}"}
         for process in (service.worker, service.api):
             interrupt(process, timeout=30)
         assert not any(map(is_alive, slots)), "a slot outlived its worker"
